@@ -1,0 +1,90 @@
+//! The interface between the engine and an app: everything an app crate implements to run on spate.
+//!
+//! An app is a deterministic state machine per partition ([`StateMachine`]), optionally with a read model
+//! fed by its events ([`Projection`]). The engine never interprets payloads, replies or events: they are
+//! the app's bytes.
+
+use crate::journal::Lsn;
+use crate::record::{Envelope, push_event};
+use crate::{AppId, PartitionId};
+use std::any::Any;
+use std::io;
+
+/// A command as apply sees it: the app's payload plus what the engine stamped on it at ingest.
+#[derive(Debug, Clone, Copy)]
+pub struct Command<'a> {
+    pub envelope: Envelope,
+    pub payload: &'a [u8],
+}
+
+/// A command for another partition, emitted by apply and delivered exactly once after the emitting
+/// command is durable (see ARCHITECTURE.md, "Cross-partition work").
+#[derive(Debug, Clone)]
+pub(crate) struct FollowUpRequest {
+    pub destination: PartitionId,
+    pub payload: Vec<u8>,
+}
+
+/// What apply produces besides state changes: a reply, events for projections, follow-ups.
+pub struct Effects<'a> {
+    pub(crate) reply: &'a mut Vec<u8>,
+    pub(crate) events: &'a mut Vec<u8>,
+    pub(crate) follow_ups: &'a mut Vec<FollowUpRequest>,
+    pub(crate) partition_count: u16,
+}
+
+impl Effects<'_> {
+    /// The reply buffer, empty when apply starts. Its bytes go back to the caller once the command is durable.
+    pub fn reply(&mut self) -> &mut Vec<u8> {
+        self.reply
+    }
+
+    /// Records an event; projections of this app receive it after the command is durable.
+    pub fn emit(&mut self, event: &[u8]) {
+        push_event(self.events, event);
+    }
+
+    /// Sends a command of the same app to the partition that owns `key`. The engine applies it there
+    /// exactly once, after this command is durable, even across crashes. It arrives as a command with
+    /// [`crate::Origin::FollowUp`]; chains of follow-ups must end.
+    pub fn follow_up(&mut self, key: &[u8], payload: Vec<u8>) {
+        let destination = crate::partition_of(key, self.partition_count);
+        self.follow_ups.push(FollowUpRequest { destination, payload });
+    }
+
+    pub fn partition_count(&self) -> u16 {
+        self.partition_count
+    }
+}
+
+/// One app's state on one partition. Only the partition's thread ever touches it.
+pub trait StateMachine: Any + Send {
+    /// Applies one command. Must be deterministic: the result depends only on `self` and `command`
+    /// (time and randomness are in `command.envelope`), never on the clock, a random source or I/O,
+    /// so that replaying the journal rebuilds the same state, replies and events.
+    fn apply(&mut self, command: &Command<'_>, effects: &mut Effects<'_>);
+
+    /// Writes the whole state; [`AppSpec::restore`] must read it back.
+    fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()>;
+}
+
+/// A read model built from an app's events, on its own thread; it may lag the partitions.
+pub trait Projection: Send {
+    /// Called for every event of this app in journal order per partition (partitions interleave).
+    fn apply(&mut self, partition: PartitionId, lsn: Lsn, timestamp_ms: u64, event: &[u8]);
+    fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()>;
+    /// Replaces the read model with a snapshot written by `write_snapshot`.
+    fn restore(&mut self, input: &mut dyn io::Read) -> io::Result<()>;
+}
+
+pub type NewState = dyn Fn(PartitionId) -> Box<dyn StateMachine> + Send + Sync;
+pub type RestoreState = dyn Fn(PartitionId, &mut dyn io::Read) -> io::Result<Box<dyn StateMachine>> + Send + Sync;
+
+/// How the engine creates and restores an app. One per app crate.
+pub struct AppSpec {
+    pub id: AppId,
+    pub name: &'static str,
+    pub new_state: Box<NewState>,
+    pub restore: Box<RestoreState>,
+    pub projection: Option<Box<dyn Projection>>,
+}

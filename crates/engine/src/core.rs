@@ -1,0 +1,224 @@
+//! The deterministic state of one partition: the apps' state machines plus the engine's own bookkeeping
+//! (idempotency table, follow-up outbox and inbox sequence numbers, the partition clock).
+//!
+//! [`Core::apply`] is the only way state changes, used alike for live commands and for journal replay:
+//! that is what makes replay rebuild the same state, replies and events.
+
+use crate::app::{Command, Effects, FollowUpRequest, StateMachine};
+use crate::idempotency::{IdempotencyTable, Seen};
+use crate::journal::Lsn;
+use crate::record::{Envelope, Origin};
+use crate::wire::{ReadLe, WriteLe};
+use crate::{AppId, PartitionId};
+use std::collections::VecDeque;
+use std::io;
+use std::sync::Arc;
+
+/// A follow-up waiting for its destination to make it durable.
+#[derive(Debug, Clone)]
+pub(crate) struct FollowUp {
+    pub source: PartitionId,
+    pub seq: u64,
+    pub app: AppId,
+    pub payload: Arc<[u8]>,
+}
+
+/// A follow-up produced by an apply, to be sent once the command that produced it is durable.
+#[derive(Debug, Clone)]
+pub(crate) struct Outgoing {
+    pub destination: PartitionId,
+    pub follow_up: FollowUp,
+}
+
+/// Follow-ups this partition sent and has not seen acknowledged, per destination, in sequence order.
+#[derive(Debug, Default)]
+struct Lane {
+    next_seq: u64,
+    unacknowledged: VecDeque<FollowUp>,
+}
+
+pub(crate) struct Core {
+    pub partition: PartitionId,
+    pub partition_count: u16,
+    /// LSN the next applied record gets.
+    pub next_lsn: Lsn,
+    /// Timestamps only grow within a partition; the next stamp is at least this.
+    pub last_timestamp_ms: u64,
+    pub apps: Vec<(AppId, Box<dyn StateMachine>)>,
+    idempotency: IdempotencyTable,
+    lanes: Vec<Lane>,
+    /// Highest follow-up sequence applied from each source partition.
+    applied_from: Vec<u64>,
+    reply: Vec<u8>,
+    follow_ups: Vec<FollowUpRequest>,
+}
+
+/// The verdict on a client command before apply.
+pub(crate) enum Admission<'a> {
+    Apply,
+    Duplicate { reply: &'a [u8], lsn: Lsn },
+    Conflict,
+}
+
+impl Core {
+    pub fn new(
+        partition: PartitionId,
+        partition_count: u16,
+        apps: Vec<(AppId, Box<dyn StateMachine>)>,
+        idempotency: IdempotencyTable,
+    ) -> Self {
+        let peers = usize::from(partition_count);
+        Self {
+            partition,
+            partition_count,
+            next_lsn: 0,
+            last_timestamp_ms: 0,
+            apps,
+            idempotency,
+            lanes: (0..peers).map(|_| Lane { next_seq: 1, unacknowledged: VecDeque::new() }).collect(),
+            applied_from: vec![0; peers],
+            reply: Vec::new(),
+            follow_ups: Vec::new(),
+        }
+    }
+
+    pub fn has_app(&self, app: AppId) -> bool {
+        self.apps.iter().any(|(id, _)| *id == app)
+    }
+
+    pub fn app_state(&self, app: AppId) -> Option<&dyn StateMachine> {
+        self.apps.iter().find(|(id, _)| *id == app).map(|(_, state)| state.as_ref())
+    }
+
+    pub fn admit(&self, command_id: Option<u128>, payload: &[u8]) -> Admission<'_> {
+        let Some(command_id) = command_id else { return Admission::Apply };
+        match self.idempotency.check(command_id, payload_digest(payload)) {
+            Seen::New => Admission::Apply,
+            Seen::Same { reply, lsn } => Admission::Duplicate { reply, lsn },
+            Seen::Different => Admission::Conflict,
+        }
+    }
+
+    /// True if a follow-up from `source` with `seq` was already applied (a resend after recovery).
+    pub fn already_applied(&self, source: PartitionId, seq: u64) -> bool {
+        seq <= self.applied_from[usize::from(source)]
+    }
+
+    /// The number of unacknowledged follow-ups on the fullest lane.
+    pub fn unacknowledged_max(&self) -> usize {
+        self.lanes.iter().map(|l| l.unacknowledged.len()).max().unwrap_or(0)
+    }
+
+    pub fn acknowledge(&mut self, destination: PartitionId, seq: u64) {
+        let lane = &mut self.lanes[usize::from(destination)];
+        while lane.unacknowledged.front().is_some_and(|f| f.seq <= seq) {
+            lane.unacknowledged.pop_front();
+        }
+    }
+
+    /// Every follow-up not yet acknowledged, for resending after recovery.
+    pub fn unacknowledged(&self) -> impl Iterator<Item = Outgoing> + '_ {
+        self.lanes.iter().enumerate().flat_map(|(destination, lane)| {
+            lane.unacknowledged
+                .iter()
+                .map(move |f| Outgoing { destination: destination as PartitionId, follow_up: f.clone() })
+        })
+    }
+
+    /// Applies one record at `self.next_lsn`. Events are appended to `events`, follow-ups to `sent`;
+    /// returns the reply. The caller has admitted the command (no duplicate id, known app).
+    pub fn apply(
+        &mut self,
+        envelope: &Envelope,
+        payload: &[u8],
+        events: &mut Vec<u8>,
+        sent: &mut Vec<Outgoing>,
+    ) -> &[u8] {
+        assert!(
+            envelope.timestamp_ms >= self.last_timestamp_ms,
+            "partition time went backwards: {} < {}",
+            envelope.timestamp_ms,
+            self.last_timestamp_ms
+        );
+        self.last_timestamp_ms = envelope.timestamp_ms;
+        if let Origin::FollowUp { source, seq } = envelope.origin {
+            let applied = &mut self.applied_from[usize::from(source)];
+            assert_eq!(seq, *applied + 1, "follow-ups from partition {source} must arrive in order without gaps");
+            *applied = seq;
+        }
+        let state = &mut self
+            .apps
+            .iter_mut()
+            .find(|(id, _)| *id == envelope.app)
+            .expect("the caller checked that the app exists")
+            .1;
+        self.reply.clear();
+        let mut effects = Effects {
+            reply: &mut self.reply,
+            events,
+            follow_ups: &mut self.follow_ups,
+            partition_count: self.partition_count,
+        };
+        state.apply(&Command { envelope: *envelope, payload }, &mut effects);
+        for request in self.follow_ups.drain(..) {
+            let lane = &mut self.lanes[usize::from(request.destination)];
+            let follow_up =
+                FollowUp { source: self.partition, seq: lane.next_seq, app: envelope.app, payload: request.payload.into() };
+            lane.next_seq += 1;
+            lane.unacknowledged.push_back(follow_up.clone());
+            sent.push(Outgoing { destination: request.destination, follow_up });
+        }
+        if let Origin::Client { command_id: Some(command_id) } = envelope.origin {
+            self.idempotency.insert(
+                command_id,
+                payload_digest(payload),
+                self.next_lsn,
+                envelope.timestamp_ms,
+                &self.reply,
+            );
+        }
+        self.next_lsn += 1;
+        &self.reply
+    }
+
+    /// Writes the engine's bookkeeping (not the apps): one snapshot section.
+    pub fn write_bookkeeping(&self, out: &mut dyn io::Write) -> io::Result<()> {
+        out.write_u64_le(self.next_lsn)?;
+        out.write_u64_le(self.last_timestamp_ms)?;
+        self.idempotency.write_snapshot(out)?;
+        for (lane, applied) in self.lanes.iter().zip(&self.applied_from) {
+            out.write_u64_le(*applied)?;
+            out.write_u64_le(lane.next_seq)?;
+            out.write_u64_le(lane.unacknowledged.len() as u64)?;
+            for follow_up in &lane.unacknowledged {
+                out.write_u64_le(follow_up.seq)?;
+                out.write_u8_le(follow_up.app)?;
+                out.write_bytes_le(&follow_up.payload)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn restore_bookkeeping(&mut self, input: &mut dyn io::Read) -> io::Result<()> {
+        self.next_lsn = input.read_u64_le()?;
+        self.last_timestamp_ms = input.read_u64_le()?;
+        self.idempotency.restore(input)?;
+        for (lane, applied) in self.lanes.iter_mut().zip(self.applied_from.iter_mut()) {
+            *applied = input.read_u64_le()?;
+            lane.next_seq = input.read_u64_le()?;
+            let count = input.read_u64_le()?;
+            lane.unacknowledged.clear();
+            for _ in 0..count {
+                let seq = input.read_u64_le()?;
+                let app = input.read_u8_le()?;
+                let payload = input.read_bytes_le(crate::record::RECORD_BYTES_MAX)?.into();
+                lane.unacknowledged.push_back(FollowUp { source: self.partition, seq, app, payload });
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn payload_digest(payload: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(payload)
+}

@@ -1,0 +1,362 @@
+//! The embedded journal: one directory of segment files per partition.
+//!
+//! A segment is named after the LSN of its first record (`00000000000000000042.seg`) and holds whole frames
+//! back to back. Group commits never span segments, so a torn write can only damage the tail of the newest
+//! segment; anything else that fails its checksum is corruption and stops start-up.
+
+use super::{Durability, JournalError, Log, Lsn};
+use crate::record::{Frame, read_frame};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+const SEGMENT_SUFFIX: &str = ".seg";
+
+#[derive(Debug, Clone)]
+pub struct JournalConfig {
+    pub durability: Durability,
+    /// A segment is closed and a new one started once it holds at least this many bytes.
+    pub segment_bytes: u64,
+}
+
+impl Default for JournalConfig {
+    fn default() -> Self {
+        Self { durability: Durability::Fsync, segment_bytes: 64 * 1024 * 1024 }
+    }
+}
+
+/// What recovery found and did when the journal was opened.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub segments: usize,
+    /// Bytes cut from the end of the newest segment: a group commit that was torn by the crash.
+    pub torn_tail_bytes: u64,
+}
+
+#[derive(Debug)]
+struct Segment {
+    first_lsn: Lsn,
+    path: PathBuf,
+}
+
+pub struct FileJournal {
+    dir: PathBuf,
+    config: JournalConfig,
+    segments: Vec<Segment>,
+    current: File,
+    current_bytes: u64,
+    next_lsn: Lsn,
+    failed: bool,
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> JournalError + '_ {
+    move |source| JournalError::Io { path: path.to_path_buf(), source }
+}
+
+fn segment_path(dir: &Path, first_lsn: Lsn) -> PathBuf {
+    dir.join(format!("{first_lsn:020}{SEGMENT_SUFFIX}"))
+}
+
+/// Makes a directory entry (a new or deleted file) durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), JournalError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))
+}
+
+/// Walks the frames of a segment's bytes. Returns the number of whole valid records and the offset where
+/// they end; `Err` with the offset and reason of the first bad frame, if any.
+fn scan_frames(
+    bytes: &[u8],
+    mut visit: impl FnMut(u8, &[u8]) -> Result<(), JournalError>,
+) -> Result<(u64, usize), (usize, &'static str, Option<JournalError>)> {
+    let mut offset = 0;
+    let mut count = 0;
+    while offset < bytes.len() {
+        match read_frame(&bytes[offset..]) {
+            Frame::Valid { kind, body, total_bytes } => {
+                visit(kind, body).map_err(|e| (offset, "visit failed", Some(e)))?;
+                offset += total_bytes;
+                count += 1;
+            }
+            Frame::Incomplete => return Err((offset, "incomplete record", None)),
+            Frame::Corrupt => return Err((offset, "checksum mismatch or impossible length", None)),
+        }
+    }
+    Ok((count, offset))
+}
+
+/// True if a valid frame starts anywhere after `from`: then a bad frame at `from` is damage in the middle of
+/// the log, not a torn tail.
+fn valid_frame_after(bytes: &[u8], from: usize) -> Option<usize> {
+    (from + 1..bytes.len()).find(|&at| matches!(read_frame(&bytes[at..]), Frame::Valid { .. }))
+}
+
+impl FileJournal {
+    /// Opens (or creates) the journal in `dir`, truncating a torn tail of the newest segment.
+    pub fn open(dir: &Path, config: JournalConfig) -> Result<(Self, RecoveryReport), JournalError> {
+        fs::create_dir_all(dir).map_err(io_error(dir))?;
+        let mut segments = Vec::new();
+        for entry in fs::read_dir(dir).map_err(io_error(dir))? {
+            let path = entry.map_err(io_error(dir))?.path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
+            let Some(stem) = name.strip_suffix(SEGMENT_SUFFIX) else { continue };
+            let first_lsn = stem.parse::<Lsn>().map_err(|_| JournalError::Corrupt {
+                path: path.clone(),
+                offset: 0,
+                reason: "segment file name is not an LSN".into(),
+            })?;
+            segments.push(Segment { first_lsn, path });
+        }
+        segments.sort_by_key(|s| s.first_lsn);
+        let mut report = RecoveryReport { segments: segments.len(), torn_tail_bytes: 0 };
+
+        if segments.is_empty() {
+            let path = segment_path(dir, 0);
+            let current = File::create(&path).map_err(io_error(&path))?;
+            sync_dir(dir)?;
+            segments.push(Segment { first_lsn: 0, path });
+            report.segments = 1;
+            let journal = Self {
+                dir: dir.to_path_buf(),
+                config,
+                segments,
+                current,
+                current_bytes: 0,
+                next_lsn: 0,
+                failed: false,
+            };
+            return Ok((journal, report));
+        }
+
+        let last = segments.last().expect("at least one segment");
+        let bytes = fs::read(&last.path).map_err(io_error(&last.path))?;
+        let (count, valid_bytes) = match scan_frames(&bytes, |_, _| Ok(())) {
+            Ok(done) => done,
+            Err((offset, reason, _)) => {
+                if let Some(next) = valid_frame_after(&bytes, offset) {
+                    return Err(JournalError::Corrupt {
+                        path: last.path.clone(),
+                        offset: offset as u64,
+                        reason: format!("{reason}, followed by a valid record at byte {next}"),
+                    });
+                }
+                let (count, _) = scan_frames(&bytes[..offset], |_, _| Ok(())).expect("prefix was valid");
+                (count, offset)
+            }
+        };
+        let current = OpenOptions::new().append(true).open(&last.path).map_err(io_error(&last.path))?;
+        if valid_bytes < bytes.len() {
+            report.torn_tail_bytes = (bytes.len() - valid_bytes) as u64;
+            tracing::warn!(
+                segment = %last.path.display(),
+                offset = valid_bytes,
+                dropped_bytes = report.torn_tail_bytes,
+                "truncating torn tail of the journal (a group commit interrupted by a crash)"
+            );
+            current.set_len(valid_bytes as u64).map_err(io_error(&last.path))?;
+            current.sync_all().map_err(io_error(&last.path))?;
+        }
+        let next_lsn = last.first_lsn + count;
+        let journal = Self {
+            dir: dir.to_path_buf(),
+            config,
+            segments,
+            current,
+            current_bytes: valid_bytes as u64,
+            next_lsn,
+            failed: false,
+        };
+        Ok((journal, report))
+    }
+
+    fn roll_segment(&mut self) -> Result<(), JournalError> {
+        // The old segment's data is already durable: every append synced it (or durability is none).
+        let path = segment_path(&self.dir, self.next_lsn);
+        self.current = File::create(&path).map_err(io_error(&path))?;
+        sync_dir(&self.dir)?;
+        self.segments.push(Segment { first_lsn: self.next_lsn, path });
+        self.current_bytes = 0;
+        Ok(())
+    }
+
+    fn append_inner(&mut self, frames: &[u8], record_count: u64) -> Result<(), JournalError> {
+        if self.current_bytes >= self.config.segment_bytes {
+            if self.config.durability == Durability::None {
+                self.current.sync_data().map_err(io_error(&self.segments.last().expect("segment").path))?;
+            }
+            self.roll_segment()?;
+        }
+        let path = &self.segments.last().expect("at least one segment").path;
+        self.current.write_all(frames).map_err(io_error(path))?;
+        if self.config.durability == Durability::Fsync {
+            self.current.sync_data().map_err(io_error(path))?;
+        }
+        self.current_bytes += frames.len() as u64;
+        self.next_lsn += record_count;
+        Ok(())
+    }
+}
+
+impl Log for FileJournal {
+    fn next_lsn(&self) -> Lsn {
+        self.next_lsn
+    }
+
+    fn first_lsn(&self) -> Lsn {
+        self.segments.first().map_or(self.next_lsn, |s| s.first_lsn)
+    }
+
+    fn append(&mut self, frames: &[u8], record_count: u64) -> Result<(), JournalError> {
+        if self.failed {
+            return Err(JournalError::Failed);
+        }
+        debug_assert!(record_count > 0 && !frames.is_empty(), "empty appends are the caller's to skip");
+        let result = self.append_inner(frames, record_count);
+        if result.is_err() {
+            self.failed = true;
+        }
+        result
+    }
+
+    fn replay(
+        &self,
+        from: Lsn,
+        visit: &mut dyn FnMut(Lsn, u8, &[u8]) -> Result<(), JournalError>,
+    ) -> Result<(), JournalError> {
+        if from < self.first_lsn() || from > self.next_lsn {
+            return Err(JournalError::Gap(format!(
+                "replay from LSN {from} but the journal holds {}..{}",
+                self.first_lsn(),
+                self.next_lsn
+            )));
+        }
+        for (index, segment) in self.segments.iter().enumerate() {
+            let end_lsn = self.segments.get(index + 1).map_or(self.next_lsn, |next| next.first_lsn);
+            if end_lsn <= from {
+                continue;
+            }
+            let bytes = fs::read(&segment.path).map_err(io_error(&segment.path))?;
+            let mut lsn = segment.first_lsn;
+            let scanned = scan_frames(&bytes, |kind, body| {
+                let at = lsn;
+                lsn += 1;
+                if at >= from && at < end_lsn { visit(at, kind, body) } else { Ok(()) }
+            });
+            match scanned {
+                Ok(_) => {}
+                Err((_, _, Some(visit_error))) => return Err(visit_error),
+                Err((offset, reason, None)) => {
+                    return Err(JournalError::Corrupt {
+                        path: segment.path.clone(),
+                        offset: offset as u64,
+                        reason: reason.into(),
+                    });
+                }
+            }
+            if lsn != end_lsn {
+                return Err(JournalError::Gap(format!(
+                    "{} holds records {}..{lsn} but the next segment starts at {end_lsn}",
+                    segment.path.display(),
+                    segment.first_lsn
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn release_before(&mut self, lsn: Lsn) -> Result<(), JournalError> {
+        let mut removed = false;
+        // A segment can go when the next one starts at or below `lsn`; the newest segment always stays.
+        while self.segments.len() > 1 && self.segments[1].first_lsn <= lsn {
+            let segment = self.segments.remove(0);
+            fs::remove_file(&segment.path).map_err(io_error(&segment.path))?;
+            removed = true;
+        }
+        if removed {
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<(), JournalError> {
+        if self.failed {
+            return Err(JournalError::Failed);
+        }
+        let path = &self.segments.last().expect("at least one segment").path;
+        self.current.sync_all().map_err(io_error(path))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{Envelope, Origin, begin_record, finish_record};
+
+    fn frames(range: std::ops::Range<u64>) -> Vec<u8> {
+        let mut buf = Vec::new();
+        for id in range {
+            let envelope =
+                Envelope { app: 1, origin: Origin::Client { command_id: Some(id as u128) }, timestamp_ms: id, random: 0 };
+            let start = begin_record(&mut buf, &envelope, &id.to_le_bytes());
+            finish_record(&mut buf, start);
+        }
+        buf
+    }
+
+    fn collect(journal: &FileJournal, from: Lsn) -> Vec<Lsn> {
+        let mut seen = Vec::new();
+        journal
+            .replay(from, &mut |lsn, _, _| {
+                seen.push(lsn);
+                Ok(())
+            })
+            .unwrap();
+        seen
+    }
+
+    fn small_segments() -> JournalConfig {
+        JournalConfig { durability: Durability::Fsync, segment_bytes: 200 }
+    }
+
+    #[test]
+    fn appends_roll_segments_and_replay_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut journal, _) = FileJournal::open(dir.path(), small_segments()).unwrap();
+        for batch in 0..10 {
+            journal.append(&frames(batch * 3..batch * 3 + 3), 3).unwrap();
+        }
+        assert!(journal.segments.len() > 3, "small segments should roll");
+        assert_eq!(collect(&journal, 0), (0..30).collect::<Vec<_>>());
+        assert_eq!(collect(&journal, 17), (17..30).collect::<Vec<_>>());
+        drop(journal);
+        let (journal, report) = FileJournal::open(dir.path(), small_segments()).unwrap();
+        assert_eq!(report.torn_tail_bytes, 0);
+        assert_eq!(journal.next_lsn(), 30);
+    }
+
+    #[test]
+    fn release_before_keeps_every_record_at_or_after_the_lsn() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut journal, _) = FileJournal::open(dir.path(), small_segments()).unwrap();
+        for batch in 0..10 {
+            journal.append(&frames(batch * 3..batch * 3 + 3), 3).unwrap();
+        }
+        journal.release_before(20).unwrap();
+        assert!(journal.first_lsn() > 0 && journal.first_lsn() <= 20);
+        assert_eq!(collect(&journal, 20), (20..30).collect::<Vec<_>>());
+        assert!(journal.replay(0, &mut |_, _, _| Ok(())).is_err(), "released records cannot be replayed");
+    }
+
+    #[test]
+    fn a_gap_between_segments_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut journal, _) = FileJournal::open(dir.path(), small_segments()).unwrap();
+        for batch in 0..6 {
+            journal.append(&frames(batch * 3..batch * 3 + 3), 3).unwrap();
+        }
+        let middle = journal.segments[1].path.clone();
+        drop(journal);
+        fs::remove_file(middle).unwrap();
+        let (journal, _) = FileJournal::open(dir.path(), small_segments()).unwrap();
+        assert!(matches!(journal.replay(0, &mut |_, _, _| Ok(())), Err(JournalError::Gap(_))));
+    }
+}

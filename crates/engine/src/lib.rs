@@ -1,0 +1,77 @@
+//! spate's engine: keyed commands routed to single-writer partitions, applied to in-memory state,
+//! made durable in a journal by group commit before they are acknowledged, snapshotted, and rebuilt after a
+//! crash. It knows no app and no network protocol; see ARCHITECTURE.md for the whole picture.
+
+mod app;
+mod core;
+mod engine;
+mod idempotency;
+pub mod journal;
+mod metrics;
+mod partition;
+mod projection;
+pub mod record;
+mod recovery;
+pub mod snapshot;
+pub mod wire;
+
+pub use app::{AppSpec, Command, Effects, NewState, Projection, RestoreState, StateMachine};
+pub use engine::{Engine, EngineConfig, EngineHandle, Health};
+pub use journal::{Durability, JournalConfig, Lsn};
+pub use record::{Envelope, Origin};
+
+use thiserror::Error;
+
+/// Identifies an app in journal records. Below 64.
+pub type AppId = u8;
+/// Index of a partition, `0..partition_count`.
+pub type PartitionId = u16;
+/// A client's idempotency key for a command (apps hash their natural keys into it).
+pub type CommandId = u128;
+
+/// What a submitted command got back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// Applied now; the app's reply bytes.
+    Applied(Vec<u8>),
+    /// The command id was seen before with the same payload; the original reply.
+    Duplicate(Vec<u8>),
+    /// The command id was seen before with the same payload and that command is not durable yet.
+    InFlight,
+    /// The command id was seen before with a different payload.
+    Conflict,
+}
+
+/// Why the engine could not answer. Operating conditions, not bugs: callers map them to responses.
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
+pub enum EngineError {
+    #[error("the partition queue is full; retry later")]
+    Overloaded,
+    #[error("the journal failed to write or fsync; this partition refuses requests until restarted")]
+    JournalFailed,
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+    #[error("app {0} is not enabled")]
+    UnknownApp(AppId),
+}
+
+#[derive(Debug, Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Journal(#[from] journal::JournalError),
+    #[error("{0}")]
+    Config(String),
+    #[error("cannot recover: {0}")]
+    Unrecoverable(String),
+}
+
+/// The partition that owns `key`. Stable across versions and restarts: data placement depends on it.
+pub fn partition_of(key: &[u8], partition_count: u16) -> PartitionId {
+    debug_assert!(partition_count > 0);
+    (xxhash_rust::xxh3::xxh3_64(key) % u64::from(partition_count)) as PartitionId
+}
+
+pub(crate) fn app_bit(app: AppId) -> u64 {
+    debug_assert!(app < 64);
+    1u64 << app
+}

@@ -1,0 +1,129 @@
+//! The engine's Prometheus metrics. Each partition thread holds its own handles (atomic counters), so
+//! recording costs no lock and no label lookup on the hot path.
+
+use crate::PartitionId;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PartitionLabel {
+    pub partition: u32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AppLabel {
+    pub app: String,
+}
+
+fn new_fsync_histogram() -> Histogram {
+    // 10 us .. ~1.3 s
+    Histogram::new(exponential_buckets(0.000_01, 2.0, 18))
+}
+
+fn new_batch_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 4.0, 10))
+}
+
+#[derive(Clone)]
+pub(crate) struct EngineMetrics {
+    commands_applied: Family<PartitionLabel, Counter>,
+    duplicates: Family<PartitionLabel, Counter>,
+    rejected_overloaded: Family<PartitionLabel, Counter>,
+    journal_bytes: Family<PartitionLabel, Counter>,
+    journal_fsync_seconds: Family<PartitionLabel, Histogram, fn() -> Histogram>,
+    journal_batch_records: Family<PartitionLabel, Histogram, fn() -> Histogram>,
+    journal_failures: Family<PartitionLabel, Counter>,
+    queue_depth: Family<PartitionLabel, Gauge>,
+    durable_lsn: Family<PartitionLabel, Gauge>,
+    projection_lag_records: Family<AppLabel, Gauge>,
+}
+
+#[derive(Clone)]
+pub(crate) struct PartitionMetrics {
+    pub commands_applied: Counter,
+    pub duplicates: Counter,
+    pub rejected_overloaded: Counter,
+    pub journal_bytes: Counter,
+    pub journal_fsync_seconds: Histogram,
+    pub journal_batch_records: Histogram,
+    pub journal_failures: Counter,
+    pub queue_depth: Gauge,
+    pub durable_lsn: Gauge,
+}
+
+impl EngineMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            commands_applied: Family::default(),
+            duplicates: Family::default(),
+            rejected_overloaded: Family::default(),
+            journal_bytes: Family::default(),
+            journal_fsync_seconds: Family::new_with_constructor(new_fsync_histogram),
+            journal_batch_records: Family::new_with_constructor(new_batch_histogram),
+            journal_failures: Family::default(),
+            queue_depth: Family::default(),
+            durable_lsn: Family::default(),
+            projection_lag_records: Family::default(),
+        };
+        let r = registry.sub_registry_with_prefix("spate");
+        r.register("commands_applied", "Commands applied to partition state", metrics.commands_applied.clone());
+        r.register(
+            "commands_deduplicated",
+            "Retried command ids answered from the idempotency table",
+            metrics.duplicates.clone(),
+        );
+        r.register(
+            "commands_rejected_overloaded",
+            "Commands refused because the partition queue was full",
+            metrics.rejected_overloaded.clone(),
+        );
+        r.register("journal_bytes", "Bytes appended to the journal", metrics.journal_bytes.clone());
+        r.register(
+            "journal_commit_seconds",
+            "Time to write and fsync one group commit",
+            metrics.journal_fsync_seconds.clone(),
+        );
+        r.register(
+            "journal_batch_records",
+            "Records per group commit",
+            metrics.journal_batch_records.clone(),
+        );
+        r.register(
+            "journal_failures",
+            "Journal write or fsync failures (the partition then refuses writes)",
+            metrics.journal_failures.clone(),
+        );
+        r.register("queue_depth", "Requests waiting in the partition queue", metrics.queue_depth.clone());
+        r.register("durable_lsn", "Next LSN after the last durable record", metrics.durable_lsn.clone());
+        r.register(
+            "projection_lag_records",
+            "Durable records not yet applied to the app's projection, over all partitions",
+            metrics.projection_lag_records.clone(),
+        );
+        metrics
+    }
+
+    pub fn for_partition(&self, partition: PartitionId) -> PartitionMetrics {
+        let label = PartitionLabel { partition: u32::from(partition) };
+        PartitionMetrics {
+            commands_applied: self.commands_applied.get_or_create(&label).clone(),
+            duplicates: self.duplicates.get_or_create(&label).clone(),
+            rejected_overloaded: self.rejected_overloaded.get_or_create(&label).clone(),
+            journal_bytes: self.journal_bytes.get_or_create(&label).clone(),
+            journal_fsync_seconds: self.journal_fsync_seconds.get_or_create(&label).clone(),
+            journal_batch_records: self.journal_batch_records.get_or_create(&label).clone(),
+            journal_failures: self.journal_failures.get_or_create(&label).clone(),
+            queue_depth: self.queue_depth.get_or_create(&label).clone(),
+            durable_lsn: self.durable_lsn.get_or_create(&label).clone(),
+        }
+    }
+
+    pub fn projection_lag(&self, app_name: &str) -> Gauge {
+        self.projection_lag_records.get_or_create(&AppLabel { app: app_name.to_string() }).clone()
+    }
+}
+

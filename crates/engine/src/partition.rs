@@ -1,0 +1,480 @@
+//! The two threads of a partition.
+//!
+//! The *partition thread* owns the [`Core`] and is the only writer of its state: it takes requests from a
+//! bounded queue, applies them, and builds the next group commit. The *writer thread* owns the [`Log`]: it
+//! appends each group commit, fsyncs it, and only then releases what depends on it (replies, follow-ups,
+//! acknowledgements, projection feeds). While the writer fsyncs one batch, the partition applies the next,
+//! so the batch size adapts to the load by itself.
+
+use crate::core::{Admission, Core, FollowUp, Outgoing};
+use crate::journal::{JournalError, Log, Lsn};
+use crate::metrics::PartitionMetrics;
+use crate::record::{Envelope, Origin, begin_record, finish_record};
+use crate::{AppId, CommandId, EngineError, PartitionId, Reply, app_bit};
+use crossbeam_channel::{Receiver, Select, Sender, TrySendError, bounded};
+use rand::rngs::SmallRng;
+use rand::{RngCore, SeedableRng};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub(crate) type ReplySender = tokio::sync::oneshot::Sender<Result<Reply, EngineError>>;
+/// Sends a query's result once everything the query saw is durable (or reports why it is not).
+pub(crate) type Deliver = Box<dyn FnOnce(Result<(), EngineError>) + Send>;
+pub(crate) type QueryFn = Box<dyn FnOnce(&Core) -> Deliver + Send>;
+
+/// From clients, through the bounded queue that gives back-pressure.
+pub(crate) enum Request {
+    Command { app: AppId, command_id: Option<CommandId>, payload: Vec<u8>, reply_to: ReplySender },
+    Query(QueryFn),
+}
+
+/// From other partitions and the engine. Never refused: its volume is bounded by the follow-up window.
+pub(crate) enum Internal {
+    FollowUp(FollowUp),
+    Ack { destination: PartitionId, seq: u64 },
+    Snapshot(Sender<Result<(), String>>),
+    Shutdown(Sender<Result<(), String>>),
+}
+
+/// Records flow to projections in whole group commits, shared rather than copied.
+pub(crate) struct Feed {
+    pub partition: PartitionId,
+    pub first_lsn: Lsn,
+    pub frames: Arc<Vec<u8>>,
+}
+
+enum Release {
+    Reply(ReplySender, Reply),
+    Deliver(Deliver),
+}
+
+#[derive(Default)]
+struct Batch {
+    frames: Vec<u8>,
+    first_lsn: Lsn,
+    record_count: u64,
+    releases: Vec<Release>,
+    sends: Vec<Outgoing>,
+    acks: Vec<(PartitionId, u64)>,
+    apps: u64,
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.record_count == 0 && self.releases.is_empty() && self.sends.is_empty() && self.acks.is_empty()
+    }
+}
+
+enum ToWriter {
+    Batch(Batch),
+    Barrier(Sender<Result<(), JournalError>>),
+    ReleaseBefore(Lsn),
+    Stop(Sender<Result<(), JournalError>>),
+}
+
+/// What other threads may read of a partition.
+#[derive(Debug, Default)]
+pub(crate) struct PartitionShared {
+    pub durable_lsn: AtomicU64,
+    pub failed: AtomicBool,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Limits {
+    pub batch_bytes_max: usize,
+    pub batch_records_max: usize,
+    pub flush_interval: Duration,
+    pub snapshot_interval_records: u64,
+    pub follow_ups_in_flight_max: usize,
+}
+
+/// Requests taken from the queues per wake-up before the batch is offered to the writer again.
+const DRAIN_MAX: usize = 4096;
+
+pub(crate) struct PartitionThread {
+    pub core: Core,
+    pub external: Receiver<Request>,
+    pub internal: Receiver<Internal>,
+    pub limits: Limits,
+    pub shared: Arc<PartitionShared>,
+    pub metrics: PartitionMetrics,
+    pub snapshot_dir: PathBuf,
+    /// Per projection: the LSN of this partition up to which its checkpoint covers the journal.
+    pub projection_floors: Vec<Arc<AtomicU64>>,
+    writer: Sender<ToWriter>,
+    batch: Batch,
+    rng: SmallRng,
+    records_since_snapshot: u64,
+    external_open: bool,
+}
+
+pub(crate) struct WriterThread {
+    partition: PartitionId,
+    log: Box<dyn Log>,
+    input: Receiver<ToWriter>,
+    peers: Arc<Vec<Sender<Internal>>>,
+    projections: Vec<(AppId, Sender<Feed>)>,
+    shared: Arc<PartitionShared>,
+    metrics: PartitionMetrics,
+    flush_interval: Duration,
+    last_flush: Instant,
+}
+
+/// Builds the two threads' states, connected by a one-slot channel: one batch in the writer's hands and
+/// one waiting is enough to keep both busy.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pair(
+    core: Core,
+    log: Box<dyn Log>,
+    external: Receiver<Request>,
+    internal: Receiver<Internal>,
+    peers: Arc<Vec<Sender<Internal>>>,
+    projections: Vec<(AppId, Sender<Feed>)>,
+    projection_floors: Vec<Arc<AtomicU64>>,
+    limits: Limits,
+    shared: Arc<PartitionShared>,
+    metrics: PartitionMetrics,
+    snapshot_dir: PathBuf,
+) -> (PartitionThread, WriterThread) {
+    let (writer_tx, writer_rx) = bounded(1);
+    debug_assert_eq!(log.next_lsn(), core.next_lsn, "recovery leaves the core at the end of the journal");
+    shared.durable_lsn.store(log.next_lsn(), Ordering::Release);
+    let writer = WriterThread {
+        partition: core.partition,
+        log,
+        input: writer_rx,
+        peers,
+        projections,
+        shared: shared.clone(),
+        metrics: metrics.clone(),
+        flush_interval: limits.flush_interval,
+        last_flush: Instant::now(),
+    };
+    let partition = PartitionThread {
+        core,
+        external,
+        internal,
+        limits,
+        shared,
+        metrics,
+        snapshot_dir,
+        projection_floors,
+        writer: writer_tx,
+        batch: Batch::default(),
+        rng: SmallRng::from_os_rng(),
+        records_since_snapshot: 0,
+        external_open: true,
+    };
+    (partition, writer)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+impl PartitionThread {
+    pub fn run(mut self) {
+        // Follow-ups that were not acknowledged before the last stop are sent again; destinations skip
+        // the ones they already applied.
+        let resend: Vec<Outgoing> = self.core.unacknowledged().collect();
+        self.batch.sends.extend(resend);
+        // Select borrows the channels while the loop body mutates self: hold clones (same channels).
+        let (internal, external, writer) = (self.internal.clone(), self.external.clone(), self.writer.clone());
+        loop {
+            let accepting = self.external_open && self.core.unacknowledged_max() < self.limits.follow_ups_in_flight_max;
+            let mut select = Select::new();
+            let internal_index = select.recv(&internal);
+            if accepting {
+                select.recv(&external);
+            }
+            let writer_index = if self.batch.is_empty() { None } else { Some(select.send(&writer)) };
+            let operation = select.select();
+            let index = operation.index();
+            if Some(index) == writer_index {
+                let batch = self.take_batch();
+                operation.send(&writer, ToWriter::Batch(batch)).expect("the writer outlives its partition");
+                continue;
+            }
+            if index == internal_index {
+                let message = operation.recv(&internal).expect("the engine holds an internal sender");
+                if let Some(done) = self.handle_internal(message) {
+                    let result = self.stop();
+                    let _ = done.send(result);
+                    return;
+                }
+            } else {
+                match operation.recv(&external) {
+                    Ok(request) => self.handle_request(request),
+                    Err(_) => self.external_open = false,
+                }
+            }
+            if let Some(done) = self.drain() {
+                let result = self.stop();
+                let _ = done.send(result);
+                return;
+            }
+            self.metrics.queue_depth.set(self.external.len() as i64);
+            if self.batch.frames.len() >= self.limits.batch_bytes_max
+                || self.batch.releases.len() >= self.limits.batch_records_max
+            {
+                self.flush_batch();
+            }
+            if self.records_since_snapshot >= self.limits.snapshot_interval_records {
+                if let Err(error) = self.snapshot() {
+                    tracing::error!(partition = self.core.partition, %error, "snapshot failed");
+                }
+            }
+        }
+    }
+
+    /// Takes what is already queued without blocking, internal messages first.
+    fn drain(&mut self) -> Option<Sender<Result<(), String>>> {
+        for _ in 0..DRAIN_MAX {
+            if let Ok(message) = self.internal.try_recv() {
+                if let Some(done) = self.handle_internal(message) {
+                    return Some(done);
+                }
+                continue;
+            }
+            if !self.external_open || self.core.unacknowledged_max() >= self.limits.follow_ups_in_flight_max {
+                break;
+            }
+            match self.external.try_recv() {
+                Ok(request) => self.handle_request(request),
+                Err(_) => break,
+            }
+        }
+        None
+    }
+
+    fn take_batch(&mut self) -> Batch {
+        let next = Batch { first_lsn: self.core.next_lsn, ..Batch::default() };
+        std::mem::replace(&mut self.batch, next)
+    }
+
+    fn flush_batch(&mut self) {
+        if !self.batch.is_empty() {
+            let batch = self.take_batch();
+            self.writer.send(ToWriter::Batch(batch)).expect("the writer outlives its partition");
+        }
+    }
+
+    fn stamp(&mut self, app: AppId, origin: Origin) -> Envelope {
+        let timestamp_ms = now_ms().max(self.core.last_timestamp_ms);
+        Envelope { app, origin, timestamp_ms, random: self.rng.next_u64() }
+    }
+
+    fn release(&mut self, release: Release) {
+        self.batch.releases.push(release);
+    }
+
+    fn handle_request(&mut self, request: Request) {
+        match request {
+            Request::Command { app, command_id, payload, reply_to } => {
+                if self.shared.failed.load(Ordering::Acquire) {
+                    let _ = reply_to.send(Err(EngineError::JournalFailed));
+                    return;
+                }
+                if !self.core.has_app(app) {
+                    let _ = reply_to.send(Err(EngineError::UnknownApp(app)));
+                    return;
+                }
+                let durable_lsn = self.shared.durable_lsn.load(Ordering::Acquire);
+                let reply = match self.core.admit(command_id, &payload) {
+                    Admission::Apply => None,
+                    Admission::Duplicate { reply, lsn } if lsn < durable_lsn => Some(Reply::Duplicate(reply.to_vec())),
+                    Admission::Duplicate { .. } => Some(Reply::InFlight),
+                    Admission::Conflict => Some(Reply::Conflict),
+                };
+                if let Some(reply) = reply {
+                    self.metrics.duplicates.inc();
+                    self.release(Release::Reply(reply_to, reply));
+                    return;
+                }
+                let envelope = self.stamp(app, Origin::Client { command_id });
+                let reply = self.apply(&envelope, &payload).to_vec();
+                self.release(Release::Reply(reply_to, Reply::Applied(reply)));
+            }
+            Request::Query(query) => {
+                if self.shared.failed.load(Ordering::Acquire) {
+                    query(&self.core)(Err(EngineError::JournalFailed));
+                    return;
+                }
+                let deliver = query(&self.core);
+                self.release(Release::Deliver(deliver));
+            }
+        }
+    }
+
+    /// Applies one command into the current batch: frame, events and follow-ups.
+    fn apply(&mut self, envelope: &Envelope, payload: &[u8]) -> &[u8] {
+        let start = begin_record(&mut self.batch.frames, envelope, payload);
+        let reply = self.core.apply(envelope, payload, &mut self.batch.frames, &mut self.batch.sends);
+        finish_record(&mut self.batch.frames, start);
+        self.batch.record_count += 1;
+        self.batch.apps |= app_bit(envelope.app);
+        self.records_since_snapshot += 1;
+        self.metrics.commands_applied.inc();
+        reply
+    }
+
+    fn handle_internal(&mut self, message: Internal) -> Option<Sender<Result<(), String>>> {
+        match message {
+            Internal::FollowUp(follow_up) => {
+                if !self.core.already_applied(follow_up.source, follow_up.seq) {
+                    let origin = Origin::FollowUp { source: follow_up.source, seq: follow_up.seq };
+                    let envelope = self.stamp(follow_up.app, origin);
+                    self.apply(&envelope, &follow_up.payload);
+                }
+                // Acknowledged once this batch is durable; a resend of an applied one is acknowledged too.
+                self.batch.acks.push((follow_up.source, follow_up.seq));
+            }
+            Internal::Ack { destination, seq } => self.core.acknowledge(destination, seq),
+            Internal::Snapshot(done) => {
+                let _ = done.send(self.snapshot());
+            }
+            Internal::Shutdown(done) => return Some(done),
+        }
+        None
+    }
+
+    /// Waits until every applied record is durable (or the journal failed).
+    fn barrier(&mut self) -> Result<(), String> {
+        self.flush_batch();
+        let (done_tx, done_rx) = bounded(1);
+        self.writer.send(ToWriter::Barrier(done_tx)).expect("the writer outlives its partition");
+        done_rx.recv().expect("the writer answers barriers").map_err(|e| e.to_string())
+    }
+
+    /// Writes a snapshot of the whole partition at the current LSN, then lets the journal drop what the
+    /// older of the two kept snapshots (and every projection checkpoint) no longer needs.
+    fn snapshot(&mut self) -> Result<(), String> {
+        // The snapshot must not contain effects that a crash could still take back.
+        self.barrier()?;
+        let lsn = self.core.next_lsn;
+        let core = &self.core;
+        crate::snapshot::write_atomically(&self.snapshot_dir, &crate::snapshot::file_name(lsn), |out| {
+            crate::recovery::write_partition_snapshot(core, out)
+        })
+        .map_err(|e| e.to_string())?;
+        self.records_since_snapshot = 0;
+        let kept = crate::snapshot::list(&self.snapshot_dir).map_err(|e| e.to_string())?;
+        for (_, path) in kept.iter().skip(2) {
+            std::fs::remove_file(path).map_err(|e| format!("removing {}: {e}", path.display()))?;
+        }
+        // Until two snapshots exist, keep the whole journal: the only fallback for a damaged snapshot.
+        let oldest_kept = if kept.len() >= 2 { kept[1].0 } else { 0 };
+        let floor = self.projection_floors.iter().map(|f| f.load(Ordering::Acquire)).fold(oldest_kept, Lsn::min);
+        self.writer.send(ToWriter::ReleaseBefore(floor)).expect("the writer outlives its partition");
+        tracing::debug!(partition = self.core.partition, lsn, release_before = floor, "snapshot written");
+        Ok(())
+    }
+
+    fn stop(mut self) -> Result<(), String> {
+        let snapshot = self.snapshot();
+        let (done_tx, done_rx) = bounded(1);
+        self.writer.send(ToWriter::Stop(done_tx)).expect("the writer outlives its partition");
+        let synced = done_rx.recv().expect("the writer answers stop").map_err(|e| e.to_string());
+        snapshot.and(synced)
+    }
+}
+
+impl WriterThread {
+    pub fn run(mut self) {
+        while let Ok(message) = self.input.recv() {
+            match message {
+                ToWriter::Batch(batch) => self.commit(batch),
+                ToWriter::Barrier(done) => {
+                    let failed = self.shared.failed.load(Ordering::Acquire);
+                    let _ = done.send(if failed { Err(JournalError::Failed) } else { Ok(()) });
+                }
+                ToWriter::ReleaseBefore(lsn) => {
+                    if let Err(error) = self.log.release_before(lsn) {
+                        tracing::warn!(partition = self.partition, %error, "could not release old journal segments");
+                    }
+                }
+                ToWriter::Stop(done) => {
+                    let _ = done.send(self.log.sync());
+                    return;
+                }
+            }
+        }
+    }
+
+    fn commit(&mut self, batch: Batch) {
+        if batch.record_count > 0 && !self.shared.failed.load(Ordering::Acquire) {
+            debug_assert_eq!(batch.first_lsn, self.log.next_lsn(), "batches arrive in LSN order without gaps");
+            let since_last = self.last_flush.elapsed();
+            if since_last < self.flush_interval {
+                std::thread::sleep(self.flush_interval - since_last);
+            }
+            let started = Instant::now();
+            let appended = self.log.append(&batch.frames, batch.record_count);
+            self.last_flush = Instant::now();
+            self.metrics.journal_fsync_seconds.observe(started.elapsed().as_secs_f64());
+            self.metrics.journal_batch_records.observe(batch.record_count as f64);
+            match appended {
+                Ok(()) => {
+                    let durable_lsn = batch.first_lsn + batch.record_count;
+                    self.shared.durable_lsn.store(durable_lsn, Ordering::Release);
+                    self.metrics.durable_lsn.set(durable_lsn as i64);
+                    self.metrics.journal_bytes.inc_by(batch.frames.len() as u64);
+                }
+                Err(error) => {
+                    tracing::error!(partition = self.partition, %error, "journal append failed; refusing writes");
+                    self.metrics.journal_failures.inc();
+                    self.shared.failed.store(true, Ordering::Release);
+                }
+            }
+        }
+        if self.shared.failed.load(Ordering::Acquire) {
+            // Nothing in this batch may be acknowledged, sent on or projected: it may not be on disk.
+            for release in batch.releases {
+                match release {
+                    Release::Reply(to, _) => {
+                        let _ = to.send(Err(EngineError::JournalFailed));
+                    }
+                    Release::Deliver(deliver) => deliver(Err(EngineError::JournalFailed)),
+                }
+            }
+            return;
+        }
+        for release in batch.releases {
+            match release {
+                Release::Reply(to, reply) => {
+                    let _ = to.send(Ok(reply));
+                }
+                Release::Deliver(deliver) => deliver(Ok(())),
+            }
+        }
+        for outgoing in batch.sends {
+            // A stopped destination has dropped its queue; the follow-up stays unacknowledged and is resent.
+            let _ = self.peers[usize::from(outgoing.destination)].send(Internal::FollowUp(outgoing.follow_up));
+        }
+        for (source, seq) in batch.acks {
+            let _ = self.peers[usize::from(source)].send(Internal::Ack { destination: self.partition, seq });
+        }
+        if batch.record_count > 0 {
+            let frames = Arc::new(batch.frames);
+            for (app, feed) in &self.projections {
+                if batch.apps & app_bit(*app) != 0 {
+                    let _ = feed.send(Feed { partition: self.partition, first_lsn: batch.first_lsn, frames: frames.clone() });
+                }
+            }
+        }
+    }
+}
+
+/// Offers a request to a partition queue without waiting: a full queue is the caller's signal to back off.
+pub(crate) fn offer(queue: &Sender<Request>, request: Request, metrics: &PartitionMetrics) -> Result<(), EngineError> {
+    match queue.try_send(request) {
+        Ok(()) => Ok(()),
+        Err(TrySendError::Full(_)) => {
+            metrics.rejected_overloaded.inc();
+            Err(EngineError::Overloaded)
+        }
+        Err(TrySendError::Disconnected(_)) => Err(EngineError::ShuttingDown),
+    }
+}

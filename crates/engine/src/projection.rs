@@ -1,0 +1,175 @@
+//! Runs an app's [`Projection`] on its own thread, fed with durable group commits from every partition.
+//!
+//! The projection's position per partition is the next LSN it has not applied. A checkpoint (snapshot of
+//! the read model plus those positions) is written every so often; the journal keeps every record a
+//! checkpoint does not cover, so on start-up the projection restores its checkpoint and replays the rest.
+
+use crate::app::Projection;
+use crate::journal::{JournalError, Log, Lsn};
+use crate::partition::{Feed, PartitionShared};
+use crate::record::{Frame, RecordRef, read_frame};
+use crate::snapshot;
+use crate::wire::{ReadLe, WriteLe};
+use crate::{AppId, PartitionId, StartError};
+use crossbeam_channel::Receiver;
+use prometheus_client::metrics::gauge::Gauge;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub(crate) struct ProjectionRuntime {
+    pub app: AppId,
+    pub name: &'static str,
+    projection: Box<dyn Projection>,
+    /// Next LSN to apply, per partition; read by other threads for the lag.
+    pub positions: Arc<Vec<AtomicU64>>,
+    /// Per partition, the LSN the last checkpoint covers: the journal must keep everything from there.
+    pub floors: Vec<Arc<AtomicU64>>,
+    dir: PathBuf,
+    checkpoint_interval_records: u64,
+    since_checkpoint: u64,
+    lag: Gauge,
+    partitions: Vec<Arc<PartitionShared>>,
+}
+
+impl ProjectionRuntime {
+    #[allow(clippy::too_many_arguments)]
+    pub fn restore(
+        app: AppId,
+        name: &'static str,
+        mut projection: Box<dyn Projection>,
+        dir: PathBuf,
+        partition_count: u16,
+        checkpoint_interval_records: u64,
+        lag: Gauge,
+        partitions: Vec<Arc<PartitionShared>>,
+    ) -> Result<Self, StartError> {
+        let mut positions = vec![0; usize::from(partition_count)];
+        let path = dir.join(file_name(name));
+        if path.exists() {
+            let restored = snapshot::open(&path).and_then(|mut input| {
+                let count = input.read_u32_le()?;
+                if count != u32::from(partition_count) {
+                    return Err(std::io::Error::other(format!("checkpoint is for {count} partitions")));
+                }
+                for position in positions.iter_mut() {
+                    *position = input.read_u64_le()?;
+                }
+                input.end_section("positions")?;
+                projection.restore(&mut input)?;
+                input.end_section(name)?;
+                input.finish()
+            });
+            restored.map_err(|e| {
+                StartError::Unrecoverable(format!("projection checkpoint {}: {e}", path.display()))
+            })?;
+        }
+        Ok(Self {
+            app,
+            name,
+            projection,
+            floors: positions.iter().map(|&p| Arc::new(AtomicU64::new(p))).collect(),
+            positions: Arc::new(positions.into_iter().map(AtomicU64::new).collect()),
+            dir,
+            checkpoint_interval_records,
+            since_checkpoint: 0,
+            lag,
+            partitions,
+        })
+    }
+
+    /// Replays what the journal of `partition` holds beyond this projection's position.
+    pub fn catch_up(&mut self, partition: PartitionId, log: &dyn Log) -> Result<(), StartError> {
+        let from = self.positions[usize::from(partition)].load(Ordering::Relaxed);
+        log.replay(from, &mut |lsn, kind, body| {
+            self.apply_record(partition, lsn, kind, body)
+                .map_err(|reason| JournalError::Corrupt { path: "journal".into(), offset: lsn, reason })
+        })
+        .map_err(|e| StartError::Unrecoverable(format!("rebuilding projection {}: {e}", self.name)))
+    }
+
+    fn apply_record(&mut self, partition: PartitionId, lsn: Lsn, kind: u8, body: &[u8]) -> Result<(), String> {
+        let position = &self.positions[usize::from(partition)];
+        if lsn < position.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let record = RecordRef::decode(kind, body).map_err(|e| format!("record {lsn}: {e}"))?;
+        if record.envelope.app == self.app {
+            for event in record.events() {
+                self.projection.apply(partition, lsn, record.envelope.timestamp_ms, event);
+            }
+            self.since_checkpoint += 1;
+        }
+        position.store(lsn + 1, Ordering::Release);
+        Ok(())
+    }
+
+    fn apply_feed(&mut self, feed: &Feed) {
+        let mut offset = 0;
+        let mut lsn = feed.first_lsn;
+        while offset < feed.frames.len() {
+            let Frame::Valid { kind, body, total_bytes } = read_frame(&feed.frames[offset..]) else {
+                panic!("a durable group commit holds an invalid frame at byte {offset}");
+            };
+            if let Err(reason) = self.apply_record(feed.partition, lsn, kind, body) {
+                panic!("projection {}: {reason}", self.name);
+            }
+            offset += total_bytes;
+            lsn += 1;
+        }
+    }
+
+    fn update_lag(&self) {
+        let lag: u64 = self
+            .partitions
+            .iter()
+            .zip(self.positions.iter())
+            .map(|(shared, position)| {
+                shared.durable_lsn.load(Ordering::Acquire).saturating_sub(position.load(Ordering::Acquire))
+            })
+            .sum();
+        self.lag.set(lag as i64);
+    }
+
+    fn checkpoint(&mut self) -> Result<(), JournalError> {
+        let positions: Vec<Lsn> = self.positions.iter().map(|p| p.load(Ordering::Acquire)).collect();
+        let projection = &self.projection;
+        snapshot::write_atomically(&self.dir, &file_name(self.name), |out| {
+            out.write_u32_le(positions.len() as u32)?;
+            for position in &positions {
+                out.write_u64_le(*position)?;
+            }
+            out.end_section()?;
+            projection.write_snapshot(out)?;
+            out.flush()?;
+            out.end_section()
+        })?;
+        for (floor, position) in self.floors.iter().zip(&positions) {
+            floor.store(*position, Ordering::Release);
+        }
+        self.since_checkpoint = 0;
+        Ok(())
+    }
+
+    pub fn run(mut self, feeds: Receiver<Feed>) {
+        while let Ok(feed) = feeds.recv() {
+            self.apply_feed(&feed);
+            self.update_lag();
+            if self.since_checkpoint >= self.checkpoint_interval_records {
+                if let Err(error) = self.checkpoint() {
+                    tracing::error!(projection = self.name, %error, "projection checkpoint failed");
+                }
+            }
+        }
+        // Every writer has stopped: the projection has seen all that is durable.
+        self.update_lag();
+        if let Err(error) = self.checkpoint() {
+            tracing::error!(projection = self.name, %error, "final projection checkpoint failed");
+        }
+    }
+}
+
+fn file_name(name: &str) -> String {
+    format!("{name}.snap")
+}

@@ -1,0 +1,124 @@
+//! Start-up: rebuild each partition from its newest usable snapshot plus the journal after it.
+
+use crate::app::AppSpec;
+use crate::core::Core;
+use crate::idempotency::IdempotencyTable;
+use crate::journal::{JournalError, Log};
+use crate::record::RecordRef;
+use crate::snapshot::{self, SectionReader};
+use crate::wire::{ReadLe, WriteLe};
+use crate::{AppId, PartitionId, StartError};
+use std::io::{self, Read, Write};
+use std::path::Path;
+
+pub(crate) fn write_partition_snapshot(core: &Core, out: &mut snapshot::SectionWriter<impl Write>) -> io::Result<()> {
+    out.write_all(&core.partition.to_le_bytes())?;
+    out.write_all(&core.partition_count.to_le_bytes())?;
+    out.write_u32_le(core.apps.len() as u32)?;
+    out.end_section()?;
+    core.write_bookkeeping(out)?;
+    out.end_section()?;
+    for (app, state) in &core.apps {
+        out.write_u8_le(*app)?;
+        state.write_snapshot(out)?;
+        out.end_section()?;
+    }
+    Ok(())
+}
+
+fn read_partition_snapshot(
+    input: &mut SectionReader<impl Read>,
+    core: &mut Core,
+    specs: &[AppSpec],
+) -> io::Result<()> {
+    let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+    let partition = u16::from_le_bytes(input.read_le_array()?);
+    let partition_count = u16::from_le_bytes(input.read_le_array()?);
+    let app_count = input.read_u32_le()?;
+    input.end_section("header")?;
+    if partition != core.partition || partition_count != core.partition_count {
+        return Err(invalid(format!(
+            "snapshot is of partition {partition}/{partition_count}, expected {}/{}",
+            core.partition, core.partition_count
+        )));
+    }
+    core.restore_bookkeeping(input)?;
+    input.end_section("bookkeeping")?;
+    for _ in 0..app_count {
+        let app = input.read_u8_le()?;
+        let spec = specs
+            .iter()
+            .find(|s| s.id == app)
+            .ok_or_else(|| invalid(format!("snapshot holds state of app {app}, which is not enabled")))?;
+        let state = (spec.restore)(core.partition, input)?;
+        input.end_section(spec.name)?;
+        let slot = core.apps.iter_mut().find(|(id, _)| *id == app).expect("every enabled app has a slot");
+        slot.1 = state;
+    }
+    Ok(())
+}
+
+fn fresh_core(partition: PartitionId, partition_count: u16, specs: &[AppSpec], idempotency: &IdempotencyTable) -> Core {
+    let apps = specs.iter().map(|s| (s.id, (s.new_state)(partition))).collect();
+    Core::new(partition, partition_count, apps, idempotency.clone())
+}
+
+/// Restores the newest snapshot the journal can continue from, then replays the journal after it.
+pub(crate) fn recover_partition(
+    partition: PartitionId,
+    partition_count: u16,
+    specs: &[AppSpec],
+    empty_idempotency: &IdempotencyTable,
+    log: &dyn Log,
+    snapshot_dir: &Path,
+) -> Result<Core, StartError> {
+    let mut restored = None;
+    for (lsn, path) in snapshot::list(snapshot_dir)? {
+        if lsn < log.first_lsn() || lsn > log.next_lsn() {
+            tracing::warn!(partition, snapshot = %path.display(), "snapshot does not meet the journal; skipped");
+            continue;
+        }
+        let mut core = fresh_core(partition, partition_count, specs, empty_idempotency);
+        let loaded = snapshot::open(&path).and_then(|mut input| {
+            read_partition_snapshot(&mut input, &mut core, specs)?;
+            input.finish()
+        });
+        match loaded {
+            Ok(()) if core.next_lsn == lsn => {
+                restored = Some(core);
+                break;
+            }
+            Ok(()) => tracing::warn!(partition, snapshot = %path.display(), "snapshot LSN disagrees with its name; skipped"),
+            Err(error) => tracing::warn!(partition, snapshot = %path.display(), %error, "unreadable snapshot; trying an older one"),
+        }
+    }
+    let mut core = match restored {
+        Some(core) => core,
+        None if log.first_lsn() == 0 => fresh_core(partition, partition_count, specs, empty_idempotency),
+        None => {
+            return Err(StartError::Unrecoverable(format!(
+                "partition {partition}: no usable snapshot, and the journal starts at LSN {} (earlier records were released)",
+                log.first_lsn()
+            )));
+        }
+    };
+    let mut events = Vec::new();
+    let mut sent = Vec::new();
+    let from = core.next_lsn;
+    log.replay(from, &mut |lsn, kind, body| {
+        let corrupt = |reason: String| JournalError::Corrupt { path: "journal".into(), offset: lsn, reason };
+        let record = RecordRef::decode(kind, body).map_err(|e| corrupt(format!("record {lsn}: {e}")))?;
+        let app: AppId = record.envelope.app;
+        if !core.has_app(app) {
+            return Err(corrupt(format!("record {lsn} belongs to app {app}, which is not enabled")));
+        }
+        debug_assert_eq!(core.next_lsn, lsn);
+        events.clear();
+        core.apply(&record.envelope, record.payload, &mut events, &mut sent);
+        debug_assert_eq!(events.as_slice(), record.raw_events(), "apply is not deterministic: replay produced other events");
+        sent.clear();
+        Ok(())
+    })?;
+    tracing::info!(partition, snapshot_lsn = from, replayed = core.next_lsn - from, "partition recovered");
+    Ok(core)
+}
