@@ -1,0 +1,137 @@
+//! tally's partition state (accounts) and its projection (totals over all partitions).
+
+use crate::command::{Command, Outcome, decode_entry_event, encode_entry_event};
+use spate_engine::wire::{ReadLe, WriteLe};
+use spate_engine::{Effects, Lsn, Origin, PartitionId, Projection, StateMachine};
+use std::collections::HashMap;
+use std::io;
+use std::sync::{Arc, RwLock};
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Account {
+    pub balance: i128,
+    /// (tag, amount) of every entry, oldest first.
+    pub entries: Vec<(u64, i64)>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct TallyState {
+    accounts: HashMap<String, Account>,
+}
+
+impl TallyState {
+    pub fn account(&self, name: &str) -> Option<&Account> {
+        self.accounts.get(name)
+    }
+
+    fn book(&mut self, account: &str, amount: i64, tag: u64, effects: &mut Effects<'_>) -> i128 {
+        let entry = self.accounts.entry(account.to_string()).or_default();
+        entry.balance += i128::from(amount);
+        entry.entries.push((tag, amount));
+        effects.emit(&encode_entry_event(amount));
+        entry.balance
+    }
+
+    pub fn restore(input: &mut dyn io::Read) -> io::Result<Self> {
+        let count = input.read_u64_le()?;
+        let mut accounts = HashMap::new();
+        for _ in 0..count {
+            let name = String::from_utf8(input.read_bytes_le(crate::command::ACCOUNT_BYTES_MAX)?)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            let balance = input.read_i128_le()?;
+            let entry_count = input.read_u64_le()?;
+            let mut entries = Vec::new();
+            for _ in 0..entry_count {
+                entries.push((input.read_u64_le()?, input.read_u64_le()? as i64));
+            }
+            accounts.insert(name, Account { balance, entries });
+        }
+        Ok(Self { accounts })
+    }
+}
+
+impl StateMachine for TallyState {
+    fn apply(&mut self, command: &spate_engine::Command<'_>, effects: &mut Effects<'_>) {
+        let outcome = match Command::decode(command.payload) {
+            Err(error) => Outcome::Rejected { reason: format!("undecodable command: {error}") },
+            Ok(Command::Add { account, amount, tag }) => Outcome::Applied { balance: self.book(&account, amount, tag, effects) },
+            Ok(Command::Transfer { from, to, amount, tag }) => {
+                let balance = self.accounts.get(&from).map_or(0, |a| a.balance);
+                if balance < i128::from(amount) {
+                    Outcome::InsufficientFunds { balance }
+                } else {
+                    let balance = self.book(&from, -amount, tag, effects);
+                    let credit = Command::Credit { account: to.clone(), amount, tag };
+                    effects.follow_up(to.as_bytes(), credit.encode());
+                    Outcome::Applied { balance }
+                }
+            }
+            Ok(Command::Credit { account, amount, tag }) => match command.envelope.origin {
+                Origin::FollowUp { .. } => Outcome::Applied { balance: self.book(&account, amount, tag, effects) },
+                Origin::Client { .. } => Outcome::Rejected { reason: "credit is internal to transfers".into() },
+            },
+        };
+        outcome.encode(effects.reply());
+    }
+
+    fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
+        // Sorted, so equal states write equal bytes.
+        let mut names: Vec<&String> = self.accounts.keys().collect();
+        names.sort();
+        out.write_u64_le(names.len() as u64)?;
+        for name in names {
+            let account = &self.accounts[name];
+            out.write_bytes_le(name.as_bytes())?;
+            out.write_i128_le(account.balance)?;
+            out.write_u64_le(account.entries.len() as u64)?;
+            for (tag, amount) in &account.entries {
+                out.write_u64_le(*tag)?;
+                out.write_u64_le(*amount as u64)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The read model: totals over every account of every partition.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Totals {
+    pub entries: u64,
+    #[serde(serialize_with = "as_string")]
+    pub balance_sum: i128,
+}
+
+fn as_string<S: serde::Serializer>(value: &i128, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(value)
+}
+
+pub struct TotalsProjection {
+    totals: Arc<RwLock<Totals>>,
+}
+
+impl TotalsProjection {
+    pub fn new(totals: Arc<RwLock<Totals>>) -> Self {
+        Self { totals }
+    }
+}
+
+impl Projection for TotalsProjection {
+    fn apply(&mut self, _partition: PartitionId, _lsn: Lsn, _timestamp_ms: u64, event: &[u8]) {
+        let amount = decode_entry_event(event).expect("tally entry events are 8 bytes");
+        let mut totals = self.totals.write().expect("the totals lock is never poisoned");
+        totals.entries += 1;
+        totals.balance_sum += i128::from(amount);
+    }
+
+    fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
+        let totals = *self.totals.read().expect("the totals lock is never poisoned");
+        out.write_u64_le(totals.entries)?;
+        out.write_i128_le(totals.balance_sum)
+    }
+
+    fn restore(&mut self, input: &mut dyn io::Read) -> io::Result<()> {
+        let restored = Totals { entries: input.read_u64_le()?, balance_sum: input.read_i128_le()? };
+        *self.totals.write().expect("the totals lock is never poisoned") = restored;
+        Ok(())
+    }
+}

@@ -1,0 +1,119 @@
+//! What every app's handlers share: the error shape, JSON bodies with clear rejections, idempotency keys
+//! and the mapping of engine outcomes to status codes.
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, Request};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use spate_engine::{CommandId, EngineError, Reply};
+
+/// The one error shape: `{"error": {"code": ..., "message": ...}}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: String,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { status, code: code.into(), message: message.into() }
+    }
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } });
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(error: EngineError) -> Self {
+        let code = match error {
+            EngineError::Overloaded => "overloaded",
+            EngineError::JournalFailed => "journal_failed",
+            EngineError::ShuttingDown => "shutting_down",
+            EngineError::UnknownApp(_) => return Self::not_found(error.to_string()),
+        };
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, code, error.to_string())
+    }
+}
+
+/// A JSON body whose rejection is an [`ApiError`] naming what is wrong (field, type, line and column).
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(request, state).await {
+            Ok(axum::Json(value)) => Ok(Self(value)),
+            Err(rejection) => Err(json_rejection(rejection)),
+        }
+    }
+}
+
+fn json_rejection(rejection: JsonRejection) -> ApiError {
+    let status = rejection.status();
+    let message = match &rejection {
+        JsonRejection::JsonDataError(e) => format!("invalid JSON body: {}", std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string())),
+        JsonRejection::JsonSyntaxError(e) => format!("malformed JSON: {}", std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string())),
+        other => other.body_text(),
+    };
+    let code = if status == StatusCode::PAYLOAD_TOO_LARGE { "payload_too_large" } else { "bad_request" };
+    ApiError::new(status, code, message)
+}
+
+/// Longest accepted `Idempotency-Key`.
+pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
+
+/// The command id of a request's `Idempotency-Key` header, scoped to `app` so two apps' keys never meet.
+pub fn command_id(headers: &HeaderMap, app: &str) -> Result<Option<CommandId>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else { return Ok(None) };
+    let key = value.as_bytes();
+    if key.is_empty() || key.len() > IDEMPOTENCY_KEY_BYTES_MAX {
+        return Err(ApiError::bad_request(format!(
+            "Idempotency-Key must be 1 to {IDEMPOTENCY_KEY_BYTES_MAX} bytes"
+        )));
+    }
+    let mut scoped = Vec::with_capacity(app.len() + 1 + key.len());
+    scoped.extend_from_slice(app.as_bytes());
+    scoped.push(0);
+    scoped.extend_from_slice(key);
+    Ok(Some(xxhash_rust::xxh3::xxh3_128(&scoped)))
+}
+
+/// The reply bytes of an applied or deduplicated command; the other outcomes as errors.
+pub fn reply_bytes(reply: Reply) -> Result<Vec<u8>, ApiError> {
+    match reply {
+        Reply::Applied(bytes) | Reply::Duplicate(bytes) => Ok(bytes),
+        Reply::InFlight => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "in_flight",
+            "a request with this Idempotency-Key is still being made durable; retry shortly",
+        )),
+        Reply::Conflict => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency_key_reused",
+            "this Idempotency-Key was used with a different request body",
+        )),
+    }
+}
+
+/// A JSON response with a status.
+pub fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
+    (status, axum::Json(body)).into_response()
+}

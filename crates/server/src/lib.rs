@@ -1,0 +1,84 @@
+//! The HTTP server: mounts each enabled app's routes next to `/health` and `/metrics`, maps engine
+//! outcomes to HTTP, and shuts down in order (stop accepting, drain, final snapshot, sync).
+
+pub mod api;
+mod observe;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use prometheus_client::registry::Registry;
+use spate_engine::{AppSpec, Engine, EngineConfig, EngineHandle};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+pub use api::{ApiError, ApiJson};
+
+/// Requests larger than this are refused with 413 before any parsing.
+pub const REQUEST_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+/// How an app plugs in: its engine spec and, once the engine runs, its routes.
+pub struct AppModule {
+    pub spec: AppSpec,
+    pub routes: Box<dyn FnOnce(EngineHandle) -> Router + Send>,
+}
+
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub engine: EngineConfig,
+}
+
+/// Starts the engine and serves until SIGTERM or Ctrl-C, then shuts down cleanly.
+pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), String> {
+    let mut registry = Registry::default();
+    let (specs, route_builders): (Vec<_>, Vec<_>) = modules.into_iter().map(|m| (m.spec, m.routes)).unzip();
+    let app_names: Vec<&str> = specs.iter().map(|s| s.name).collect();
+    tracing::info!(data_dir = %config.engine.data_dir.display(), partitions = config.engine.partitions, apps = ?app_names, "starting engine");
+    let engine = Engine::start(config.engine, specs, &mut registry).map_err(|e| e.to_string())?;
+    let handle = engine.handle();
+    let http_metrics = observe::HttpMetrics::register(&mut registry);
+
+    let mut router = observe::routes(handle.clone(), Arc::new(registry));
+    for build in route_builders {
+        router = router.merge(build(handle.clone()));
+    }
+    let router = router
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .layer(axum::middleware::from_fn_with_state(http_metrics, observe::record))
+        .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX));
+
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    // Tests and scripts wait for this line to know the port (the listen address may end in :0).
+    println!("spate listening on http://{local}");
+    tracing::info!(%local, "listening");
+    let served = axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await;
+    tracing::info!("stopped accepting; draining partitions and writing final snapshots");
+    let stopped = tokio::task::spawn_blocking(move || engine.shutdown()).await.map_err(|e| e.to_string())?;
+    served.map_err(|e| e.to_string())?;
+    stopped?;
+    tracing::info!("shut down cleanly");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}

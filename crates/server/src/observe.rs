@@ -1,0 +1,91 @@
+//! `/health`, `/metrics` and per-route request metrics.
+
+use axum::Router;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use spate_engine::EngineHandle;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabel {
+    method: String,
+    route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabel {
+    route: String,
+    status: u16,
+}
+
+#[derive(Clone)]
+pub struct HttpMetrics {
+    latency: Family<RouteLabel, Histogram, fn() -> Histogram>,
+    errors: Family<ErrorLabel, Counter>,
+}
+
+fn latency_histogram() -> Histogram {
+    // 20 us .. ~5 s
+    Histogram::new(exponential_buckets(0.000_02, 2.0, 18))
+}
+
+impl HttpMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self { latency: Family::new_with_constructor(latency_histogram), errors: Family::default() };
+        let r = registry.sub_registry_with_prefix("spate_http");
+        r.register("request_seconds", "Request latency by route", metrics.latency.clone());
+        r.register("errors", "Responses with status >= 400 by route and status", metrics.errors.clone());
+        metrics
+    }
+}
+
+pub async fn record(State(metrics): State<HttpMetrics>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()).to_string();
+    let method = request.method().to_string();
+    let response = next.run(request).await;
+    let status = response.status().as_u16();
+    if status >= 400 {
+        metrics.errors.get_or_create(&ErrorLabel { route: route.clone(), status }).inc();
+    }
+    metrics.latency.get_or_create(&RouteLabel { method, route }).observe(started.elapsed().as_secs_f64());
+    response
+}
+
+pub fn routes(engine: EngineHandle, registry: Arc<Registry>) -> Router {
+    Router::new()
+        .route(
+            "/health",
+            get(move || async move {
+                let health = engine.health();
+                let healthy = health.failed_partitions.is_empty();
+                let body = serde_json::json!({
+                    "status": if healthy { "ok" } else { "failing" },
+                    "partitions": health.partitions,
+                    "failed_partitions": health.failed_partitions,
+                    "queue_depth": health.queue_depth,
+                });
+                let status = if healthy { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+                (status, axum::Json(body))
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || async move {
+                let mut text = String::new();
+                match prometheus_client::encoding::text::encode(&mut text, &registry) {
+                    Ok(()) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response(),
+                    Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+                }
+            }),
+        )
+}

@@ -1,0 +1,138 @@
+//! `spate serve` options. Each can come from the command line, an environment variable (`SPATE_...`) or
+//! a TOML file (`--config`, keys named like the long options with `_`), in that order of precedence.
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use serde::Deserialize;
+use spate_engine::{Durability, EngineConfig};
+use spate_server::{AppModule, ServerConfig};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, ValueEnum, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DurabilityArg {
+    /// fdatasync every group commit before acknowledging it
+    Fsync,
+    /// no fsync: survives a process crash, not a power loss
+    None,
+}
+
+#[derive(Debug, Default, Args, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeArgs {
+    /// TOML file with any of these options
+    #[arg(long, env = "SPATE_CONFIG")]
+    #[serde(skip)]
+    config: Option<PathBuf>,
+    /// Directory for journals, snapshots and projection checkpoints [default: ./data]
+    #[arg(long, env = "SPATE_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8080]
+    #[arg(long, env = "SPATE_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// Number of partitions; fixed for the life of a data directory [default: one per core]
+    #[arg(long, env = "SPATE_PARTITIONS")]
+    partitions: Option<u16>,
+    /// Comma-separated apps to enable [default: all]
+    #[arg(long, env = "SPATE_APPS", value_delimiter = ',')]
+    apps: Option<Vec<String>>,
+    /// When a command counts as durable [default: fsync]
+    #[arg(long, env = "SPATE_DURABILITY")]
+    durability: Option<DurabilityArg>,
+    /// Journal segment size in bytes [default: 67108864]
+    #[arg(long, env = "SPATE_SEGMENT_BYTES")]
+    segment_bytes: Option<u64>,
+    /// Minimum microseconds between two journal flushes of a partition [default: 0]
+    #[arg(long, env = "SPATE_FLUSH_INTERVAL_US")]
+    flush_interval_us: Option<u64>,
+    /// Records applied between two snapshots of a partition [default: 1000000]
+    #[arg(long, env = "SPATE_SNAPSHOT_INTERVAL_RECORDS")]
+    snapshot_interval_records: Option<u64>,
+    /// Requests waiting per partition before 503 [default: 16384]
+    #[arg(long, env = "SPATE_QUEUE_CAPACITY")]
+    queue_capacity: Option<usize>,
+    /// How long a command id is remembered for retries, in ms [default: 86400000]
+    #[arg(long, env = "SPATE_IDEMPOTENCY_WINDOW_MS")]
+    idempotency_window_ms: Option<u64>,
+    /// Most command ids remembered per partition [default: 1000000]
+    #[arg(long, env = "SPATE_IDEMPOTENCY_ENTRIES_MAX")]
+    idempotency_entries_max: Option<usize>,
+}
+
+/// Every app this binary can run, by name.
+const APPS: &[&str] = &[spate_tally::APP_NAME];
+
+pub fn modules(names: &[String]) -> anyhow::Result<Vec<AppModule>> {
+    names
+        .iter()
+        .map(|name| match name.as_str() {
+            spate_tally::APP_NAME => Ok(spate_tally::module()),
+            other => bail!("unknown app {other:?}; known apps: {}", APPS.join(", ")),
+        })
+        .collect()
+}
+
+macro_rules! merge {
+    ($cli:ident, $file:ident, $($field:ident),*) => {
+        $( if $cli.$field.is_none() { $cli.$field = $file.$field.take(); } )*
+    };
+}
+
+impl ServeArgs {
+    /// Merges the config file under the command line and environment, and applies the defaults.
+    pub fn resolve(mut self) -> anyhow::Result<(ServerConfig, Vec<String>)> {
+        if let Some(path) = &self.config {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let mut file: ServeArgs = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+            merge!(
+                self,
+                file,
+                data_dir,
+                listen,
+                partitions,
+                apps,
+                durability,
+                segment_bytes,
+                flush_interval_us,
+                snapshot_interval_records,
+                queue_capacity,
+                idempotency_window_ms,
+                idempotency_entries_max
+            );
+        }
+        let mut engine = EngineConfig::new(self.data_dir.unwrap_or_else(|| PathBuf::from("./data")));
+        if let Some(partitions) = self.partitions {
+            if partitions == 0 {
+                bail!("--partitions must be at least 1");
+            }
+            engine.partitions = partitions;
+        }
+        engine.journal.durability = match self.durability.unwrap_or(DurabilityArg::Fsync) {
+            DurabilityArg::Fsync => Durability::Fsync,
+            DurabilityArg::None => Durability::None,
+        };
+        if let Some(bytes) = self.segment_bytes {
+            engine.journal.segment_bytes = bytes;
+        }
+        if let Some(us) = self.flush_interval_us {
+            engine.flush_interval = Duration::from_micros(us);
+        }
+        if let Some(records) = self.snapshot_interval_records {
+            engine.snapshot_interval_records = records.max(1);
+        }
+        if let Some(capacity) = self.queue_capacity {
+            engine.queue_capacity = capacity.max(1);
+        }
+        if let Some(window) = self.idempotency_window_ms {
+            engine.idempotency_window_ms = window;
+        }
+        if let Some(entries) = self.idempotency_entries_max {
+            engine.idempotency_entries_max = entries.max(1);
+        }
+        let listen = self.listen.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
+        let apps = self.apps.unwrap_or_else(|| APPS.iter().map(|s| s.to_string()).collect());
+        Ok((ServerConfig { listen, engine }, apps))
+    }
+}

@@ -1,0 +1,39 @@
+//! The `spate` command line: parses options and wires the server, the engine and the apps together.
+
+mod config;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "spate", version, about = "A fault-tolerant engine for high-rate transactions")]
+struct Cli {
+    #[command(subcommand)]
+    command: Commands,
+}
+
+#[derive(Subcommand)]
+enum Commands {
+    /// Run the server: the engine with the enabled apps behind HTTP.
+    Serve(config::ServeArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Commands::Serve(args) => {
+            let (server_config, app_names) = args.resolve()?;
+            let modules = config::modules(&app_names)?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            runtime.block_on(spate_server::serve(server_config, modules)).map_err(anyhow::Error::msg)
+        }
+    }
+}
