@@ -139,7 +139,7 @@ pub(crate) fn pair(
     snapshot_dir: PathBuf,
 ) -> (PartitionThread, WriterThread) {
     let (writer_tx, writer_rx) = bounded(1);
-    debug_assert_eq!(log.next_lsn(), core.next_lsn, "recovery leaves the core at the end of the journal");
+    assert_eq!(log.next_lsn(), core.next_lsn, "recovery leaves the core at the end of the journal");
     shared.durable_lsn.store(log.next_lsn(), Ordering::Release);
     let writer = WriterThread {
         partition: core.partition,
@@ -152,6 +152,7 @@ pub(crate) fn pair(
         flush_interval: limits.flush_interval,
         last_flush: Instant::now(),
     };
+    let first_lsn = core.next_lsn;
     let partition = PartitionThread {
         core,
         external,
@@ -162,7 +163,7 @@ pub(crate) fn pair(
         snapshot_dir,
         projection_floors,
         writer: writer_tx,
-        batch: Batch::default(),
+        batch: Batch { first_lsn, ..Batch::default() },
         rng: SmallRng::from_os_rng(),
         records_since_snapshot: 0,
         external_open: true,

@@ -359,4 +359,62 @@ mod tests {
         let (journal, _) = FileJournal::open(dir.path(), small_segments()).unwrap();
         assert!(matches!(journal.replay(0, &mut |_, _, _| Ok(())), Err(JournalError::Gap(_))));
     }
+
+    fn one_segment_journal(records: u64) -> (tempfile::TempDir, PathBuf, Vec<u8>) {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut journal, _) = FileJournal::open(dir.path(), JournalConfig::default()).unwrap();
+        let bytes = frames(0..records);
+        journal.append(&bytes, records).unwrap();
+        let path = journal.segments[0].path.clone();
+        (dir, path, bytes)
+    }
+
+    #[test]
+    fn a_torn_tail_is_truncated_and_every_complete_record_recovered() {
+        let (dir, path, bytes) = one_segment_journal(10);
+        let record_bytes = bytes.len() / 10;
+        for cut in [1, record_bytes / 2, record_bytes - 1] {
+            fs::write(&path, &bytes[..bytes.len() - cut]).unwrap();
+            let (journal, report) = FileJournal::open(dir.path(), JournalConfig::default()).unwrap();
+            assert_eq!(report.torn_tail_bytes, (record_bytes - cut) as u64);
+            assert_eq!(collect(&journal, 0), (0..9).collect::<Vec<_>>());
+            assert_eq!(fs::metadata(&path).unwrap().len(), (record_bytes * 9) as u64, "tail cut on disk too");
+        }
+    }
+
+    #[test]
+    fn zeros_after_the_last_record_are_a_torn_tail() {
+        let (dir, path, mut bytes) = one_segment_journal(3);
+        bytes.extend_from_slice(&[0; 4096]);
+        fs::write(&path, &bytes).unwrap();
+        let (journal, report) = FileJournal::open(dir.path(), JournalConfig::default()).unwrap();
+        assert_eq!(report.torn_tail_bytes, 4096);
+        assert_eq!(journal.next_lsn(), 3);
+    }
+
+    #[test]
+    fn a_flipped_bit_in_the_middle_stops_start_up() {
+        let (dir, path, mut bytes) = one_segment_journal(10);
+        let record_bytes = bytes.len() / 10;
+        bytes[record_bytes * 4 + 20] ^= 0x04;
+        fs::write(&path, &bytes).unwrap();
+        let error = FileJournal::open(dir.path(), JournalConfig::default()).err().expect("must refuse");
+        assert!(matches!(error, JournalError::Corrupt { offset, .. } if offset == (record_bytes * 4) as u64), "{error}");
+    }
+
+    #[test]
+    fn a_flipped_bit_in_an_older_segment_stops_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut journal, _) = FileJournal::open(dir.path(), small_segments()).unwrap();
+        for batch in 0..6 {
+            journal.append(&frames(batch * 3..batch * 3 + 3), 3).unwrap();
+        }
+        let first = journal.segments[0].path.clone();
+        drop(journal);
+        let mut bytes = fs::read(&first).unwrap();
+        bytes[30] ^= 0x80;
+        fs::write(&first, bytes).unwrap();
+        let (journal, _) = FileJournal::open(dir.path(), small_segments()).unwrap();
+        assert!(matches!(journal.replay(0, &mut |_, _, _| Ok(())), Err(JournalError::Corrupt { .. })));
+    }
 }

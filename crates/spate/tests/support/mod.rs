@@ -1,0 +1,111 @@
+//! Runs the real `spate` binary for the integration tests.
+
+#![allow(dead_code)] // each test binary uses part of this
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Server {
+    child: Child,
+    pub base: String,
+}
+
+impl Server {
+    /// Starts `spate serve` on a free port with `data_dir`; `file_bytes_max` limits the size of any file
+    /// it writes (RLIMIT_FSIZE), which makes writes past it fail as a full disk would.
+    pub fn start(data_dir: &Path, extra: &[&str], file_bytes_max: Option<u64>) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_spate"));
+        command
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if let Some(limit) = file_bytes_max {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                command.pre_exec(move || {
+                    // Ignored, SIGXFSZ turns an oversized write into an EFBIG error instead of a kill.
+                    libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                    let rlimit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+                    if libc::setrlimit(libc::RLIMIT_FSIZE, &rlimit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = command.spawn().expect("spawn spate");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("read the listening line");
+        let base = line
+            .trim()
+            .strip_prefix("spate listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line from spate: {line:?}"))
+            .to_string();
+        Self { child, base }
+    }
+
+    pub fn kill9(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().expect("reap")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into()
+}
+
+/// POSTs JSON; `Err` only when no HTTP answer came (connection refused or reset).
+pub fn post(agent: &ureq::Agent, url: &str, key: Option<&str>, body: &Value) -> Result<(u16, Value), ureq::Error> {
+    let mut request = agent.post(url);
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", key);
+    }
+    let mut response = request.send_json(body)?;
+    let status = response.status().as_u16();
+    let value = response.body_mut().read_json::<Value>().unwrap_or(Value::Null);
+    Ok((status, value))
+}
+
+pub fn get(agent: &ureq::Agent, url: &str) -> (u16, Value) {
+    let mut response = agent.get(url).call().expect("GET answered");
+    let status = response.status().as_u16();
+    (status, response.body_mut().read_json::<Value>().unwrap_or(Value::Null))
+}
+
+/// Polls `check` until it returns true or `timeout` passes.
+pub fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
