@@ -12,7 +12,7 @@ mod http;
 mod state;
 
 pub use command::{Command, Outcome};
-pub use state::{Account, Totals, TotalsProjection};
+pub use state::{Account, TallyState, Totals, TotalsProjection};
 
 use spate_engine::AppSpec;
 use spate_server::AppModule;

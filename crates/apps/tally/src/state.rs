@@ -15,7 +15,7 @@ pub struct Account {
 }
 
 #[derive(Debug, Default)]
-pub(crate) struct TallyState {
+pub struct TallyState {
     accounts: HashMap<String, Account>,
 }
 
