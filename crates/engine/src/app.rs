@@ -49,11 +49,10 @@ impl Effects<'_> {
     /// [`crate::Origin::FollowUp`]; chains of follow-ups must end.
     pub fn follow_up(&mut self, key: &[u8], payload: Vec<u8>) {
         let destination = crate::partition_of(key, self.partition_count);
-        self.follow_ups.push(FollowUpRequest { destination, payload });
-    }
-
-    pub fn partition_count(&self) -> u16 {
-        self.partition_count
+        self.follow_ups.push(FollowUpRequest {
+            destination,
+            payload,
+        });
     }
 }
 
@@ -78,7 +77,8 @@ pub trait Projection: Send {
 }
 
 pub type NewState = dyn Fn(PartitionId) -> Box<dyn StateMachine> + Send + Sync;
-pub type RestoreState = dyn Fn(PartitionId, &mut dyn io::Read) -> io::Result<Box<dyn StateMachine>> + Send + Sync;
+pub type RestoreState =
+    dyn Fn(PartitionId, &mut dyn io::Read) -> io::Result<Box<dyn StateMachine>> + Send + Sync;
 
 /// How the engine creates and restores an app. One per app crate.
 pub struct AppSpec {

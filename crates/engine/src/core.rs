@@ -75,7 +75,12 @@ impl Core {
             last_timestamp_ms: 0,
             apps,
             idempotency,
-            lanes: (0..peers).map(|_| Lane { next_seq: 1, unacknowledged: VecDeque::new() }).collect(),
+            lanes: (0..peers)
+                .map(|_| Lane {
+                    next_seq: 1,
+                    unacknowledged: VecDeque::new(),
+                })
+                .collect(),
             applied_from: vec![0; peers],
             reply: Vec::new(),
             follow_ups: Vec::new(),
@@ -87,11 +92,16 @@ impl Core {
     }
 
     pub fn app_state(&self, app: AppId) -> Option<&dyn StateMachine> {
-        self.apps.iter().find(|(id, _)| *id == app).map(|(_, state)| state.as_ref())
+        self.apps
+            .iter()
+            .find(|(id, _)| *id == app)
+            .map(|(_, state)| state.as_ref())
     }
 
     pub fn admit(&self, command_id: Option<u128>, payload: &[u8]) -> Admission<'_> {
-        let Some(command_id) = command_id else { return Admission::Apply };
+        let Some(command_id) = command_id else {
+            return Admission::Apply;
+        };
         match self.idempotency.check(command_id, payload_digest(payload)) {
             Seen::New => Admission::Apply,
             Seen::Same { reply, lsn } => Admission::Duplicate { reply, lsn },
@@ -106,7 +116,11 @@ impl Core {
 
     /// The number of unacknowledged follow-ups on the fullest lane.
     pub fn unacknowledged_max(&self) -> usize {
-        self.lanes.iter().map(|l| l.unacknowledged.len()).max().unwrap_or(0)
+        self.lanes
+            .iter()
+            .map(|l| l.unacknowledged.len())
+            .max()
+            .unwrap_or(0)
     }
 
     pub fn acknowledge(&mut self, destination: PartitionId, seq: u64) {
@@ -118,11 +132,15 @@ impl Core {
 
     /// Every follow-up not yet acknowledged, for resending after recovery.
     pub fn unacknowledged(&self) -> impl Iterator<Item = Outgoing> + '_ {
-        self.lanes.iter().enumerate().flat_map(|(destination, lane)| {
-            lane.unacknowledged
-                .iter()
-                .map(move |f| Outgoing { destination: destination as PartitionId, follow_up: f.clone() })
-        })
+        self.lanes
+            .iter()
+            .enumerate()
+            .flat_map(|(destination, lane)| {
+                lane.unacknowledged.iter().map(move |f| Outgoing {
+                    destination: destination as PartitionId,
+                    follow_up: f.clone(),
+                })
+            })
     }
 
     /// Applies one record at `self.next_lsn`. Events are appended to `events`, follow-ups to `sent`;
@@ -143,7 +161,11 @@ impl Core {
         self.last_timestamp_ms = envelope.timestamp_ms;
         if let Origin::FollowUp { source, seq } = envelope.origin {
             let applied = &mut self.applied_from[usize::from(source)];
-            assert_eq!(seq, *applied + 1, "follow-ups from partition {source} must arrive in order without gaps");
+            assert_eq!(
+                seq,
+                *applied + 1,
+                "follow-ups from partition {source} must arrive in order without gaps"
+            );
             *applied = seq;
         }
         let state = &mut self
@@ -159,16 +181,32 @@ impl Core {
             follow_ups: &mut self.follow_ups,
             partition_count: self.partition_count,
         };
-        state.apply(&Command { envelope: *envelope, payload }, &mut effects);
+        state.apply(
+            &Command {
+                envelope: *envelope,
+                payload,
+            },
+            &mut effects,
+        );
         for request in self.follow_ups.drain(..) {
             let lane = &mut self.lanes[usize::from(request.destination)];
-            let follow_up =
-                FollowUp { source: self.partition, seq: lane.next_seq, app: envelope.app, payload: request.payload.into() };
+            let follow_up = FollowUp {
+                source: self.partition,
+                seq: lane.next_seq,
+                app: envelope.app,
+                payload: request.payload.into(),
+            };
             lane.next_seq += 1;
             lane.unacknowledged.push_back(follow_up.clone());
-            sent.push(Outgoing { destination: request.destination, follow_up });
+            sent.push(Outgoing {
+                destination: request.destination,
+                follow_up,
+            });
         }
-        if let Origin::Client { command_id: Some(command_id) } = envelope.origin {
+        if let Origin::Client {
+            command_id: Some(command_id),
+        } = envelope.origin
+        {
             self.idempotency.insert(
                 command_id,
                 payload_digest(payload),
@@ -212,7 +250,12 @@ impl Core {
                 let seq = input.read_u64_le()?;
                 let app = input.read_u8_le()?;
                 let payload = input.read_bytes_le(crate::record::RECORD_BYTES_MAX)?.into();
-                lane.unacknowledged.push_back(FollowUp { source: self.partition, seq, app, payload });
+                lane.unacknowledged.push_back(FollowUp {
+                    source: self.partition,
+                    seq,
+                    app,
+                    payload,
+                });
             }
         }
         Ok(())

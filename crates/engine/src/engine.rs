@@ -106,7 +106,10 @@ fn check_meta(data_dir: &Path, partitions: u16) -> Result<(), StartError> {
             found.trim()
         ))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let io = |source| crate::journal::JournalError::Io { path: path.clone(), source };
+            let io = |source| crate::journal::JournalError::Io {
+                path: path.clone(),
+                source,
+            };
             std::fs::write(&path, expected).map_err(io)?;
             crate::journal::sync_dir(data_dir)?;
             Ok(())
@@ -117,24 +120,36 @@ fn check_meta(data_dir: &Path, partitions: u16) -> Result<(), StartError> {
 
 impl Engine {
     /// Recovers every partition and projection from `config.data_dir` and starts their threads.
-    pub fn start(config: EngineConfig, mut apps: Vec<AppSpec>, registry: &mut Registry) -> Result<Self, StartError> {
+    pub fn start(
+        config: EngineConfig,
+        mut apps: Vec<AppSpec>,
+        registry: &mut Registry,
+    ) -> Result<Self, StartError> {
         if config.partitions == 0 {
-            return Err(StartError::Config("at least one partition is needed".into()));
+            return Err(StartError::Config(
+                "at least one partition is needed".into(),
+            ));
         }
         for (index, spec) in apps.iter().enumerate() {
             if spec.id >= 64 || apps[..index].iter().any(|other| other.id == spec.id) {
-                return Err(StartError::Config(format!("app id {} of {} is out of range or taken", spec.id, spec.name)));
+                return Err(StartError::Config(format!(
+                    "app id {} of {} is out of range or taken",
+                    spec.id, spec.name
+                )));
             }
         }
-        std::fs::create_dir_all(&config.data_dir).map_err(|source| crate::journal::JournalError::Io {
-            path: config.data_dir.clone(),
-            source,
+        std::fs::create_dir_all(&config.data_dir).map_err(|source| {
+            crate::journal::JournalError::Io {
+                path: config.data_dir.clone(),
+                source,
+            }
         })?;
         check_meta(&config.data_dir, config.partitions)?;
         let partition_count = config.partitions;
         let metrics = EngineMetrics::register(registry);
-        let shared: Vec<Arc<PartitionShared>> =
-            (0..partition_count).map(|_| Arc::new(PartitionShared::default())).collect();
+        let shared: Vec<Arc<PartitionShared>> = (0..partition_count)
+            .map(|_| Arc::new(PartitionShared::default()))
+            .collect();
 
         let mut projections = Vec::new();
         for spec in &mut apps {
@@ -152,13 +167,22 @@ impl Engine {
             }
         }
 
-        let empty_idempotency = IdempotencyTable::new(config.idempotency_window_ms, config.idempotency_entries_max);
+        let empty_idempotency =
+            IdempotencyTable::new(config.idempotency_window_ms, config.idempotency_entries_max);
         let mut recovered: Vec<(Core, Box<dyn Log>, PathBuf)> = Vec::new();
         for partition in 0..partition_count {
-            let dir = config.data_dir.join("partitions").join(format!("p{partition:03}"));
-            let (journal, report) = FileJournal::open(&dir.join("journal"), config.journal.clone())?;
+            let dir = config
+                .data_dir
+                .join("partitions")
+                .join(format!("p{partition:03}"));
+            let (journal, report) =
+                FileJournal::open(&dir.join("journal"), config.journal.clone())?;
             if report.torn_tail_bytes > 0 {
-                tracing::warn!(partition, torn_tail_bytes = report.torn_tail_bytes, "recovered from a torn journal tail");
+                tracing::warn!(
+                    partition,
+                    torn_tail_bytes = report.torn_tail_bytes,
+                    "recovered from a torn journal tail"
+                );
             }
             let snapshot_dir = dir.join("snapshots");
             let core = crate::recovery::recover_partition(
@@ -175,9 +199,11 @@ impl Engine {
             recovered.push((core, Box::new(journal), snapshot_dir));
         }
 
-        let internal_capacity = 2 * usize::from(partition_count) * config.follow_ups_in_flight_max + 16;
-        let (internal_tx, internal_rx): (Vec<_>, Vec<_>) =
-            (0..partition_count).map(|_| bounded(internal_capacity)).unzip();
+        let internal_capacity =
+            2 * usize::from(partition_count) * config.follow_ups_in_flight_max + 16;
+        let (internal_tx, internal_rx): (Vec<_>, Vec<_>) = (0..partition_count)
+            .map(|_| bounded(internal_capacity))
+            .unzip();
         let peers = Arc::new(internal_tx.clone());
         let limits = Limits {
             batch_bytes_max: config.batch_bytes_max,
@@ -192,11 +218,15 @@ impl Engine {
         let mut feeds = Vec::new();
         let mut projection_threads = Vec::new();
         let mut views = Vec::new();
-        let mut floors_by_partition: Vec<Vec<Arc<AtomicU64>>> = vec![Vec::new(); usize::from(partition_count)];
+        let mut floors_by_partition: Vec<Vec<Arc<AtomicU64>>> =
+            vec![Vec::new(); usize::from(partition_count)];
         for projection in projections {
             let (feed_tx, feed_rx) = bounded(FEED_BATCHES_MAX);
             feeds.push((projection.app, feed_tx));
-            views.push(ProjectionView { app: projection.app, positions: projection.positions.clone() });
+            views.push(ProjectionView {
+                app: projection.app,
+                positions: projection.positions.clone(),
+            });
             for (partition, floor) in projection.floors.iter().enumerate() {
                 floors_by_partition[partition].push(floor.clone());
             }
@@ -211,8 +241,10 @@ impl Engine {
         let mut queues = Vec::new();
         let mut partition_metrics = Vec::new();
         let mut threads = Vec::new();
-        for (((core, log, snapshot_dir), internal), floors) in
-            recovered.into_iter().zip(internal_rx).zip(floors_by_partition)
+        for (((core, log, snapshot_dir), internal), floors) in recovered
+            .into_iter()
+            .zip(internal_rx)
+            .zip(floors_by_partition)
         {
             let partition = core.partition;
             let (queue_tx, queue_rx) = bounded(config.queue_capacity);
@@ -236,17 +268,35 @@ impl Engine {
                     .spawn(body)
                     .map_err(|e| StartError::Config(format!("spawning a partition thread: {e}")))
             };
-            threads.push(spawn(format!("partition-{partition}"), Box::new(move || partition_thread.run()))?);
-            threads.push(spawn(format!("journal-{partition}"), Box::new(move || writer_thread.run()))?);
+            threads.push(spawn(
+                format!("partition-{partition}"),
+                Box::new(move || partition_thread.run()),
+            )?);
+            threads.push(spawn(
+                format!("journal-{partition}"),
+                Box::new(move || writer_thread.run()),
+            )?);
             queues.push(queue_tx);
             partition_metrics.push(metrics);
         }
         // Only the writers may hold feed senders: projections end when the last writer stops.
         drop(feeds);
 
-        let inner =
-            Inner { partition_count, queues, internal: internal_tx, shared, metrics: partition_metrics, projections: views };
-        Ok(Self { handle: EngineHandle { inner: Arc::new(inner) }, threads, projection_threads })
+        let inner = Inner {
+            partition_count,
+            queues,
+            internal: internal_tx,
+            shared,
+            metrics: partition_metrics,
+            projections: views,
+        };
+        Ok(Self {
+            handle: EngineHandle {
+                inner: Arc::new(inner),
+            },
+            threads,
+            projection_threads,
+        })
     }
 
     pub fn handle(&self) -> EngineHandle {
@@ -271,7 +321,9 @@ impl Engine {
             match wait.recv() {
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => errors.push(format!("partition {partition}: {error}")),
-                Err(_) => errors.push(format!("partition {partition}: thread ended without answering")),
+                Err(_) => errors.push(format!(
+                    "partition {partition}: thread ended without answering"
+                )),
             }
         }
         for thread in self.threads.into_iter().chain(self.projection_threads) {
@@ -279,7 +331,11 @@ impl Engine {
                 errors.push("a thread panicked".into());
             }
         }
-        if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("; "))
+        }
     }
 }
 
@@ -294,7 +350,10 @@ impl EngineHandle {
 
     fn queue(&self, partition: PartitionId) -> (&Sender<Request>, &PartitionMetrics) {
         let index = usize::from(partition);
-        assert!(index < self.inner.queues.len(), "partition {partition} out of range");
+        assert!(
+            index < self.inner.queues.len(),
+            "partition {partition} out of range"
+        );
         (&self.inner.queues[index], &self.inner.metrics[index])
     }
 
@@ -309,27 +368,17 @@ impl EngineHandle {
     ) -> Result<Reply, EngineError> {
         let (reply_to, reply) = tokio::sync::oneshot::channel();
         let (queue, metrics) = self.queue(partition);
-        partition::offer(queue, Request::Command { app, command_id, payload, reply_to }, metrics)?;
+        partition::offer(
+            queue,
+            Request::Command {
+                app,
+                command_id,
+                payload,
+                reply_to,
+            },
+            metrics,
+        )?;
         reply.await.map_err(|_| EngineError::ShuttingDown)?
-    }
-
-    /// As [`Self::submit`], but waits for room in the queue instead of failing: for stream ingest, where
-    /// back-pressure means reading the socket more slowly.
-    pub fn submit_blocking(
-        &self,
-        partition: PartitionId,
-        app: AppId,
-        command_id: Option<CommandId>,
-        payload: Vec<u8>,
-    ) -> tokio::sync::oneshot::Receiver<Result<Reply, EngineError>> {
-        let (reply_to, reply) = tokio::sync::oneshot::channel();
-        let (queue, _) = self.queue(partition);
-        if let Err(crossbeam_channel::SendError(Request::Command { reply_to, .. })) =
-            queue.send(Request::Command { app, command_id, payload, reply_to })
-        {
-            let _ = reply_to.send(Err(EngineError::ShuttingDown));
-        }
-        reply
     }
 
     /// Runs `read` on the partition's state of `app` (of type `S`), in order with the commands queued
@@ -398,7 +447,10 @@ impl EngineHandle {
             .iter()
             .zip(view.positions.iter())
             .map(|(shared, position)| {
-                shared.durable_lsn.load(Ordering::Acquire).saturating_sub(position.load(Ordering::Acquire))
+                shared
+                    .durable_lsn
+                    .load(Ordering::Acquire)
+                    .saturating_sub(position.load(Ordering::Acquire))
             })
             .sum();
         Some(lag)

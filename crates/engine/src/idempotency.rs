@@ -4,9 +4,9 @@
 //! Eviction is driven by the commands' own timestamps and by a count bound, never by the clock, so replay
 //! rebuilds exactly the same table.
 
+use crate::CommandId;
 use crate::journal::Lsn;
 use crate::wire::{ReadLe, WriteLe};
-use crate::CommandId;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 
@@ -25,7 +25,10 @@ struct Entry {
 pub(crate) enum Seen<'a> {
     New,
     /// Same id, same payload: the original's reply.
-    Same { reply: &'a [u8], lsn: Lsn },
+    Same {
+        reply: &'a [u8],
+        lsn: Lsn,
+    },
     /// Same id, different payload: a client bug or a reused key.
     Different,
 }
@@ -41,8 +44,16 @@ pub(crate) struct IdempotencyTable {
 
 impl IdempotencyTable {
     pub fn new(window_ms: u64, entries_max: usize) -> Self {
-        assert!(entries_max > 0, "an idempotency table must hold at least one entry");
-        Self { entries: HashMap::new(), order: VecDeque::new(), window_ms, entries_max }
+        assert!(
+            entries_max > 0,
+            "an idempotency table must hold at least one entry"
+        );
+        Self {
+            entries: HashMap::new(),
+            order: VecDeque::new(),
+            window_ms,
+            entries_max,
+        }
     }
 
     #[cfg(test)]
@@ -53,14 +64,24 @@ impl IdempotencyTable {
     pub fn check(&self, command_id: CommandId, payload_digest: u64) -> Seen<'_> {
         match self.entries.get(&command_id) {
             None => Seen::New,
-            Some(entry) if entry.payload_digest == payload_digest => Seen::Same { reply: &entry.reply, lsn: entry.lsn },
+            Some(entry) if entry.payload_digest == payload_digest => Seen::Same {
+                reply: &entry.reply,
+                lsn: entry.lsn,
+            },
             Some(_) => Seen::Different,
         }
     }
 
     /// Records a newly applied command, evicting what fell out of the window (measured from `timestamp_ms`)
     /// or over the count bound.
-    pub fn insert(&mut self, command_id: CommandId, payload_digest: u64, lsn: Lsn, timestamp_ms: u64, reply: &[u8]) {
+    pub fn insert(
+        &mut self,
+        command_id: CommandId,
+        payload_digest: u64,
+        lsn: Lsn,
+        timestamp_ms: u64,
+        reply: &[u8],
+    ) {
         let horizon_ms = timestamp_ms.saturating_sub(self.window_ms);
         while let Some(&(oldest, at_ms)) = self.order.front() {
             if at_ms >= horizon_ms && self.order.len() < self.entries_max {
@@ -69,8 +90,18 @@ impl IdempotencyTable {
             self.order.pop_front();
             self.entries.remove(&oldest);
         }
-        let previous = self.entries.insert(command_id, Entry { payload_digest, lsn, reply: reply.into() });
-        assert!(previous.is_none(), "command id {command_id} applied twice: the check before apply was skipped");
+        let previous = self.entries.insert(
+            command_id,
+            Entry {
+                payload_digest,
+                lsn,
+                reply: reply.into(),
+            },
+        );
+        assert!(
+            previous.is_none(),
+            "command id {command_id} applied twice: the check before apply was skipped"
+        );
         self.order.push_back((command_id, timestamp_ms));
         debug_assert_eq!(self.order.len(), self.entries.len());
     }
@@ -98,11 +129,21 @@ impl IdempotencyTable {
             let payload_digest = input.read_u64_le()?;
             let lsn = input.read_u64_le()?;
             let reply = input.read_bytes_le(REPLY_BYTES_MAX)?.into_boxed_slice();
-            self.entries.insert(command_id, Entry { payload_digest, lsn, reply });
+            self.entries.insert(
+                command_id,
+                Entry {
+                    payload_digest,
+                    lsn,
+                    reply,
+                },
+            );
             self.order.push_back((command_id, timestamp_ms));
         }
         if self.entries.len() != self.order.len() {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "duplicate command id in snapshot"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "duplicate command id in snapshot",
+            ));
         }
         Ok(())
     }
@@ -117,7 +158,13 @@ mod tests {
         let mut table = IdempotencyTable::new(1_000, 10);
         assert_eq!(table.check(1, 11), Seen::New);
         table.insert(1, 11, 5, 100, b"ok");
-        assert_eq!(table.check(1, 11), Seen::Same { reply: b"ok", lsn: 5 });
+        assert_eq!(
+            table.check(1, 11),
+            Seen::Same {
+                reply: b"ok",
+                lsn: 5
+            }
+        );
         assert_eq!(table.check(1, 12), Seen::Different);
     }
 

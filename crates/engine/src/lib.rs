@@ -47,7 +47,9 @@ pub enum Reply {
 pub enum EngineError {
     #[error("the partition queue is full; retry later")]
     Overloaded,
-    #[error("the journal failed to write or fsync; this partition refuses requests until restarted")]
+    #[error(
+        "the journal failed to write or fsync; this partition refuses requests until restarted"
+    )]
     JournalFailed,
     #[error("the engine is shutting down")]
     ShuttingDown,

@@ -70,7 +70,11 @@ impl EngineMetrics {
             projection_lag_records: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("spate");
-        r.register("commands_applied", "Commands applied to partition state", metrics.commands_applied.clone());
+        r.register(
+            "commands_applied",
+            "Commands applied to partition state",
+            metrics.commands_applied.clone(),
+        );
         r.register(
             "commands_deduplicated",
             "Retried command ids answered from the idempotency table",
@@ -81,7 +85,11 @@ impl EngineMetrics {
             "Commands refused because the partition queue was full",
             metrics.rejected_overloaded.clone(),
         );
-        r.register("journal_bytes", "Bytes appended to the journal", metrics.journal_bytes.clone());
+        r.register(
+            "journal_bytes",
+            "Bytes appended to the journal",
+            metrics.journal_bytes.clone(),
+        );
         r.register(
             "journal_commit_seconds",
             "Time to write and fsync one group commit",
@@ -97,8 +105,16 @@ impl EngineMetrics {
             "Journal write or fsync failures (the partition then refuses writes)",
             metrics.journal_failures.clone(),
         );
-        r.register("queue_depth", "Requests waiting in the partition queue", metrics.queue_depth.clone());
-        r.register("durable_lsn", "Next LSN after the last durable record", metrics.durable_lsn.clone());
+        r.register(
+            "queue_depth",
+            "Requests waiting in the partition queue",
+            metrics.queue_depth.clone(),
+        );
+        r.register(
+            "durable_lsn",
+            "Next LSN after the last durable record",
+            metrics.durable_lsn.clone(),
+        );
         r.register(
             "projection_lag_records",
             "Durable records not yet applied to the app's projection, over all partitions",
@@ -108,7 +124,9 @@ impl EngineMetrics {
     }
 
     pub fn for_partition(&self, partition: PartitionId) -> PartitionMetrics {
-        let label = PartitionLabel { partition: u32::from(partition) };
+        let label = PartitionLabel {
+            partition: u32::from(partition),
+        };
         PartitionMetrics {
             commands_applied: self.commands_applied.get_or_create(&label).clone(),
             duplicates: self.duplicates.get_or_create(&label).clone(),
@@ -123,7 +141,10 @@ impl EngineMetrics {
     }
 
     pub fn projection_lag(&self, app_name: &str) -> Gauge {
-        self.projection_lag_records.get_or_create(&AppLabel { app: app_name.to_string() }).clone()
+        self.projection_lag_records
+            .get_or_create(&AppLabel {
+                app: app_name.to_string(),
+            })
+            .clone()
     }
 }
-

@@ -26,7 +26,12 @@ pub(crate) type QueryFn = Box<dyn FnOnce(&Core) -> Deliver + Send>;
 
 /// From clients, through the bounded queue that gives back-pressure.
 pub(crate) enum Request {
-    Command { app: AppId, command_id: Option<CommandId>, payload: Vec<u8>, reply_to: ReplySender },
+    Command {
+        app: AppId,
+        command_id: Option<CommandId>,
+        payload: Vec<u8>,
+        reply_to: ReplySender,
+    },
     Query(QueryFn),
 }
 
@@ -63,7 +68,10 @@ struct Batch {
 
 impl Batch {
     fn is_empty(&self) -> bool {
-        self.record_count == 0 && self.releases.is_empty() && self.sends.is_empty() && self.acks.is_empty()
+        self.record_count == 0
+            && self.releases.is_empty()
+            && self.sends.is_empty()
+            && self.acks.is_empty()
     }
 }
 
@@ -139,7 +147,11 @@ pub(crate) fn pair(
     snapshot_dir: PathBuf,
 ) -> (PartitionThread, WriterThread) {
     let (writer_tx, writer_rx) = bounded(1);
-    assert_eq!(log.next_lsn(), core.next_lsn, "recovery leaves the core at the end of the journal");
+    assert_eq!(
+        log.next_lsn(),
+        core.next_lsn,
+        "recovery leaves the core at the end of the journal"
+    );
     shared.durable_lsn.store(log.next_lsn(), Ordering::Release);
     let writer = WriterThread {
         partition: core.partition,
@@ -163,7 +175,10 @@ pub(crate) fn pair(
         snapshot_dir,
         projection_floors,
         writer: writer_tx,
-        batch: Batch { first_lsn, ..Batch::default() },
+        batch: Batch {
+            first_lsn,
+            ..Batch::default()
+        },
         rng: SmallRng::from_os_rng(),
         records_since_snapshot: 0,
         external_open: true,
@@ -172,7 +187,9 @@ pub(crate) fn pair(
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl PartitionThread {
@@ -182,24 +199,37 @@ impl PartitionThread {
         let resend: Vec<Outgoing> = self.core.unacknowledged().collect();
         self.batch.sends.extend(resend);
         // Select borrows the channels while the loop body mutates self: hold clones (same channels).
-        let (internal, external, writer) = (self.internal.clone(), self.external.clone(), self.writer.clone());
+        let (internal, external, writer) = (
+            self.internal.clone(),
+            self.external.clone(),
+            self.writer.clone(),
+        );
         loop {
-            let accepting = self.external_open && self.core.unacknowledged_max() < self.limits.follow_ups_in_flight_max;
+            let accepting = self.external_open
+                && self.core.unacknowledged_max() < self.limits.follow_ups_in_flight_max;
             let mut select = Select::new();
             let internal_index = select.recv(&internal);
             if accepting {
                 select.recv(&external);
             }
-            let writer_index = if self.batch.is_empty() { None } else { Some(select.send(&writer)) };
+            let writer_index = if self.batch.is_empty() {
+                None
+            } else {
+                Some(select.send(&writer))
+            };
             let operation = select.select();
             let index = operation.index();
             if Some(index) == writer_index {
                 let batch = self.take_batch();
-                operation.send(&writer, ToWriter::Batch(batch)).expect("the writer outlives its partition");
+                operation
+                    .send(&writer, ToWriter::Batch(batch))
+                    .expect("the writer outlives its partition");
                 continue;
             }
             if index == internal_index {
-                let message = operation.recv(&internal).expect("the engine holds an internal sender");
+                let message = operation
+                    .recv(&internal)
+                    .expect("the engine holds an internal sender");
                 if let Some(done) = self.handle_internal(message) {
                     let result = self.stop();
                     let _ = done.send(result);
@@ -222,10 +252,10 @@ impl PartitionThread {
             {
                 self.flush_batch();
             }
-            if self.records_since_snapshot >= self.limits.snapshot_interval_records {
-                if let Err(error) = self.snapshot() {
-                    tracing::error!(partition = self.core.partition, %error, "snapshot failed");
-                }
+            if self.records_since_snapshot >= self.limits.snapshot_interval_records
+                && let Err(error) = self.snapshot()
+            {
+                tracing::error!(partition = self.core.partition, %error, "snapshot failed");
             }
         }
     }
@@ -239,7 +269,9 @@ impl PartitionThread {
                 }
                 continue;
             }
-            if !self.external_open || self.core.unacknowledged_max() >= self.limits.follow_ups_in_flight_max {
+            if !self.external_open
+                || self.core.unacknowledged_max() >= self.limits.follow_ups_in_flight_max
+            {
                 break;
             }
             match self.external.try_recv() {
@@ -251,20 +283,30 @@ impl PartitionThread {
     }
 
     fn take_batch(&mut self) -> Batch {
-        let next = Batch { first_lsn: self.core.next_lsn, ..Batch::default() };
+        let next = Batch {
+            first_lsn: self.core.next_lsn,
+            ..Batch::default()
+        };
         std::mem::replace(&mut self.batch, next)
     }
 
     fn flush_batch(&mut self) {
         if !self.batch.is_empty() {
             let batch = self.take_batch();
-            self.writer.send(ToWriter::Batch(batch)).expect("the writer outlives its partition");
+            self.writer
+                .send(ToWriter::Batch(batch))
+                .expect("the writer outlives its partition");
         }
     }
 
     fn stamp(&mut self, app: AppId, origin: Origin) -> Envelope {
         let timestamp_ms = now_ms().max(self.core.last_timestamp_ms);
-        Envelope { app, origin, timestamp_ms, random: self.rng.next_u64() }
+        Envelope {
+            app,
+            origin,
+            timestamp_ms,
+            random: self.rng.next_u64(),
+        }
     }
 
     fn release(&mut self, release: Release) {
@@ -273,7 +315,12 @@ impl PartitionThread {
 
     fn handle_request(&mut self, request: Request) {
         match request {
-            Request::Command { app, command_id, payload, reply_to } => {
+            Request::Command {
+                app,
+                command_id,
+                payload,
+                reply_to,
+            } => {
                 if self.shared.failed.load(Ordering::Acquire) {
                     let _ = reply_to.send(Err(EngineError::JournalFailed));
                     return;
@@ -285,7 +332,9 @@ impl PartitionThread {
                 let durable_lsn = self.shared.durable_lsn.load(Ordering::Acquire);
                 let reply = match self.core.admit(command_id, &payload) {
                     Admission::Apply => None,
-                    Admission::Duplicate { reply, lsn } if lsn < durable_lsn => Some(Reply::Duplicate(reply.to_vec())),
+                    Admission::Duplicate { reply, lsn } if lsn < durable_lsn => {
+                        Some(Reply::Duplicate(reply.to_vec()))
+                    }
                     Admission::Duplicate { .. } => Some(Reply::InFlight),
                     Admission::Conflict => Some(Reply::Conflict),
                 };
@@ -312,7 +361,12 @@ impl PartitionThread {
     /// Applies one command into the current batch: frame, events and follow-ups.
     fn apply(&mut self, envelope: &Envelope, payload: &[u8]) -> &[u8] {
         let start = begin_record(&mut self.batch.frames, envelope, payload);
-        let reply = self.core.apply(envelope, payload, &mut self.batch.frames, &mut self.batch.sends);
+        let reply = self.core.apply(
+            envelope,
+            payload,
+            &mut self.batch.frames,
+            &mut self.batch.sends,
+        );
         finish_record(&mut self.batch.frames, start);
         self.batch.record_count += 1;
         self.batch.apps |= app_bit(envelope.app);
@@ -325,7 +379,10 @@ impl PartitionThread {
         match message {
             Internal::FollowUp(follow_up) => {
                 if !self.core.already_applied(follow_up.source, follow_up.seq) {
-                    let origin = Origin::FollowUp { source: follow_up.source, seq: follow_up.seq };
+                    let origin = Origin::FollowUp {
+                        source: follow_up.source,
+                        seq: follow_up.seq,
+                    };
                     let envelope = self.stamp(follow_up.app, origin);
                     self.apply(&envelope, &follow_up.payload);
                 }
@@ -345,8 +402,13 @@ impl PartitionThread {
     fn barrier(&mut self) -> Result<(), String> {
         self.flush_batch();
         let (done_tx, done_rx) = bounded(1);
-        self.writer.send(ToWriter::Barrier(done_tx)).expect("the writer outlives its partition");
-        done_rx.recv().expect("the writer answers barriers").map_err(|e| e.to_string())
+        self.writer
+            .send(ToWriter::Barrier(done_tx))
+            .expect("the writer outlives its partition");
+        done_rx
+            .recv()
+            .expect("the writer answers barriers")
+            .map_err(|e| e.to_string())
     }
 
     /// Writes a snapshot of the whole partition at the current LSN, then lets the journal drop what the
@@ -356,9 +418,11 @@ impl PartitionThread {
         self.barrier()?;
         let lsn = self.core.next_lsn;
         let core = &self.core;
-        crate::snapshot::write_atomically(&self.snapshot_dir, &crate::snapshot::file_name(lsn), |out| {
-            crate::recovery::write_partition_snapshot(core, out)
-        })
+        crate::snapshot::write_atomically(
+            &self.snapshot_dir,
+            &crate::snapshot::file_name(lsn),
+            |out| crate::recovery::write_partition_snapshot(core, out),
+        )
         .map_err(|e| e.to_string())?;
         self.records_since_snapshot = 0;
         let kept = crate::snapshot::list(&self.snapshot_dir).map_err(|e| e.to_string())?;
@@ -367,17 +431,33 @@ impl PartitionThread {
         }
         // Until two snapshots exist, keep the whole journal: the only fallback for a damaged snapshot.
         let oldest_kept = if kept.len() >= 2 { kept[1].0 } else { 0 };
-        let floor = self.projection_floors.iter().map(|f| f.load(Ordering::Acquire)).fold(oldest_kept, Lsn::min);
-        self.writer.send(ToWriter::ReleaseBefore(floor)).expect("the writer outlives its partition");
-        tracing::debug!(partition = self.core.partition, lsn, release_before = floor, "snapshot written");
+        let floor = self
+            .projection_floors
+            .iter()
+            .map(|f| f.load(Ordering::Acquire))
+            .fold(oldest_kept, Lsn::min);
+        self.writer
+            .send(ToWriter::ReleaseBefore(floor))
+            .expect("the writer outlives its partition");
+        tracing::debug!(
+            partition = self.core.partition,
+            lsn,
+            release_before = floor,
+            "snapshot written"
+        );
         Ok(())
     }
 
     fn stop(mut self) -> Result<(), String> {
         let snapshot = self.snapshot();
         let (done_tx, done_rx) = bounded(1);
-        self.writer.send(ToWriter::Stop(done_tx)).expect("the writer outlives its partition");
-        let synced = done_rx.recv().expect("the writer answers stop").map_err(|e| e.to_string());
+        self.writer
+            .send(ToWriter::Stop(done_tx))
+            .expect("the writer outlives its partition");
+        let synced = done_rx
+            .recv()
+            .expect("the writer answers stop")
+            .map_err(|e| e.to_string());
         snapshot.and(synced)
     }
 }
@@ -389,7 +469,11 @@ impl WriterThread {
                 ToWriter::Batch(batch) => self.commit(batch),
                 ToWriter::Barrier(done) => {
                     let failed = self.shared.failed.load(Ordering::Acquire);
-                    let _ = done.send(if failed { Err(JournalError::Failed) } else { Ok(()) });
+                    let _ = done.send(if failed {
+                        Err(JournalError::Failed)
+                    } else {
+                        Ok(())
+                    });
                 }
                 ToWriter::ReleaseBefore(lsn) => {
                     if let Err(error) = self.log.release_before(lsn) {
@@ -406,7 +490,11 @@ impl WriterThread {
 
     fn commit(&mut self, batch: Batch) {
         if batch.record_count > 0 && !self.shared.failed.load(Ordering::Acquire) {
-            debug_assert_eq!(batch.first_lsn, self.log.next_lsn(), "batches arrive in LSN order without gaps");
+            debug_assert_eq!(
+                batch.first_lsn,
+                self.log.next_lsn(),
+                "batches arrive in LSN order without gaps"
+            );
             let since_last = self.last_flush.elapsed();
             if since_last < self.flush_interval {
                 std::thread::sleep(self.flush_interval - since_last);
@@ -414,12 +502,18 @@ impl WriterThread {
             let started = Instant::now();
             let appended = self.log.append(&batch.frames, batch.record_count);
             self.last_flush = Instant::now();
-            self.metrics.journal_fsync_seconds.observe(started.elapsed().as_secs_f64());
-            self.metrics.journal_batch_records.observe(batch.record_count as f64);
+            self.metrics
+                .journal_fsync_seconds
+                .observe(started.elapsed().as_secs_f64());
+            self.metrics
+                .journal_batch_records
+                .observe(batch.record_count as f64);
             match appended {
                 Ok(()) => {
                     let durable_lsn = batch.first_lsn + batch.record_count;
-                    self.shared.durable_lsn.store(durable_lsn, Ordering::Release);
+                    self.shared
+                        .durable_lsn
+                        .store(durable_lsn, Ordering::Release);
                     self.metrics.durable_lsn.set(durable_lsn as i64);
                     self.metrics.journal_bytes.inc_by(batch.frames.len() as u64);
                 }
@@ -452,16 +546,24 @@ impl WriterThread {
         }
         for outgoing in batch.sends {
             // A stopped destination has dropped its queue; the follow-up stays unacknowledged and is resent.
-            let _ = self.peers[usize::from(outgoing.destination)].send(Internal::FollowUp(outgoing.follow_up));
+            let _ = self.peers[usize::from(outgoing.destination)]
+                .send(Internal::FollowUp(outgoing.follow_up));
         }
         for (source, seq) in batch.acks {
-            let _ = self.peers[usize::from(source)].send(Internal::Ack { destination: self.partition, seq });
+            let _ = self.peers[usize::from(source)].send(Internal::Ack {
+                destination: self.partition,
+                seq,
+            });
         }
         if batch.record_count > 0 {
             let frames = Arc::new(batch.frames);
             for (app, feed) in &self.projections {
                 if batch.apps & app_bit(*app) != 0 {
-                    let _ = feed.send(Feed { partition: self.partition, first_lsn: batch.first_lsn, frames: frames.clone() });
+                    let _ = feed.send(Feed {
+                        partition: self.partition,
+                        first_lsn: batch.first_lsn,
+                        frames: frames.clone(),
+                    });
                 }
             }
         }
@@ -469,7 +571,11 @@ impl WriterThread {
 }
 
 /// Offers a request to a partition queue without waiting: a full queue is the caller's signal to back off.
-pub(crate) fn offer(queue: &Sender<Request>, request: Request, metrics: &PartitionMetrics) -> Result<(), EngineError> {
+pub(crate) fn offer(
+    queue: &Sender<Request>,
+    request: Request,
+    metrics: &PartitionMetrics,
+) -> Result<(), EngineError> {
     match queue.try_send(request) {
         Ok(()) => Ok(()),
         Err(TrySendError::Full(_)) => {

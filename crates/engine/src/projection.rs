@@ -51,7 +51,9 @@ impl ProjectionRuntime {
             let restored = snapshot::open(&path).and_then(|mut input| {
                 let count = input.read_u32_le()?;
                 if count != u32::from(partition_count) {
-                    return Err(std::io::Error::other(format!("checkpoint is for {count} partitions")));
+                    return Err(std::io::Error::other(format!(
+                        "checkpoint is for {count} partitions"
+                    )));
                 }
                 for position in positions.iter_mut() {
                     *position = input.read_u64_le()?;
@@ -69,7 +71,10 @@ impl ProjectionRuntime {
             app,
             name,
             projection,
-            floors: positions.iter().map(|&p| Arc::new(AtomicU64::new(p))).collect(),
+            floors: positions
+                .iter()
+                .map(|&p| Arc::new(AtomicU64::new(p)))
+                .collect(),
             positions: Arc::new(positions.into_iter().map(AtomicU64::new).collect()),
             dir,
             checkpoint_interval_records,
@@ -84,12 +89,22 @@ impl ProjectionRuntime {
         let from = self.positions[usize::from(partition)].load(Ordering::Relaxed);
         log.replay(from, &mut |lsn, kind, body| {
             self.apply_record(partition, lsn, kind, body)
-                .map_err(|reason| JournalError::Corrupt { path: "journal".into(), offset: lsn, reason })
+                .map_err(|reason| JournalError::Corrupt {
+                    path: "journal".into(),
+                    offset: lsn,
+                    reason,
+                })
         })
         .map_err(|e| StartError::Unrecoverable(format!("rebuilding projection {}: {e}", self.name)))
     }
 
-    fn apply_record(&mut self, partition: PartitionId, lsn: Lsn, kind: u8, body: &[u8]) -> Result<(), String> {
+    fn apply_record(
+        &mut self,
+        partition: PartitionId,
+        lsn: Lsn,
+        kind: u8,
+        body: &[u8],
+    ) -> Result<(), String> {
         let position = &self.positions[usize::from(partition)];
         if lsn < position.load(Ordering::Relaxed) {
             return Ok(());
@@ -97,7 +112,8 @@ impl ProjectionRuntime {
         let record = RecordRef::decode(kind, body).map_err(|e| format!("record {lsn}: {e}"))?;
         if record.envelope.app == self.app {
             for event in record.events() {
-                self.projection.apply(partition, lsn, record.envelope.timestamp_ms, event);
+                self.projection
+                    .apply(partition, lsn, record.envelope.timestamp_ms, event);
             }
             self.since_checkpoint += 1;
         }
@@ -109,7 +125,12 @@ impl ProjectionRuntime {
         let mut offset = 0;
         let mut lsn = feed.first_lsn;
         while offset < feed.frames.len() {
-            let Frame::Valid { kind, body, total_bytes } = read_frame(&feed.frames[offset..]) else {
+            let Frame::Valid {
+                kind,
+                body,
+                total_bytes,
+            } = read_frame(&feed.frames[offset..])
+            else {
                 panic!("a durable group commit holds an invalid frame at byte {offset}");
             };
             if let Err(reason) = self.apply_record(feed.partition, lsn, kind, body) {
@@ -126,14 +147,21 @@ impl ProjectionRuntime {
             .iter()
             .zip(self.positions.iter())
             .map(|(shared, position)| {
-                shared.durable_lsn.load(Ordering::Acquire).saturating_sub(position.load(Ordering::Acquire))
+                shared
+                    .durable_lsn
+                    .load(Ordering::Acquire)
+                    .saturating_sub(position.load(Ordering::Acquire))
             })
             .sum();
         self.lag.set(lag as i64);
     }
 
     fn checkpoint(&mut self) -> Result<(), JournalError> {
-        let positions: Vec<Lsn> = self.positions.iter().map(|p| p.load(Ordering::Acquire)).collect();
+        let positions: Vec<Lsn> = self
+            .positions
+            .iter()
+            .map(|p| p.load(Ordering::Acquire))
+            .collect();
         let projection = &self.projection;
         snapshot::write_atomically(&self.dir, &file_name(self.name), |out| {
             out.write_u32_le(positions.len() as u32)?;
@@ -156,10 +184,10 @@ impl ProjectionRuntime {
         while let Ok(feed) = feeds.recv() {
             self.apply_feed(&feed);
             self.update_lag();
-            if self.since_checkpoint >= self.checkpoint_interval_records {
-                if let Err(error) = self.checkpoint() {
-                    tracing::error!(projection = self.name, %error, "projection checkpoint failed");
-                }
+            if self.since_checkpoint >= self.checkpoint_interval_records
+                && let Err(error) = self.checkpoint()
+            {
+                tracing::error!(projection = self.name, %error, "projection checkpoint failed");
             }
         }
         // Every writer has stopped: the projection has seen all that is durable.

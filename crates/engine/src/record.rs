@@ -27,8 +27,13 @@ const KIND_COMMAND_WITHOUT_ID: u8 = 3;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
     /// `command_id` is the client's idempotency key; `None` when the client gave none.
-    Client { command_id: Option<CommandId> },
-    FollowUp { source: PartitionId, seq: u64 },
+    Client {
+        command_id: Option<CommandId>,
+    },
+    FollowUp {
+        source: PartitionId,
+        seq: u64,
+    },
 }
 
 /// The fields of a record that the engine stamps before apply; apply reads its time and randomness here.
@@ -54,9 +59,14 @@ impl<'a> RecordRef<'a> {
         let mut r = Reader::new(body);
         let app = r.u8()?;
         let origin = match kind {
-            KIND_COMMAND => Origin::Client { command_id: Some(r.u128()?) },
+            KIND_COMMAND => Origin::Client {
+                command_id: Some(r.u128()?),
+            },
             KIND_COMMAND_WITHOUT_ID => Origin::Client { command_id: None },
-            KIND_FOLLOW_UP => Origin::FollowUp { source: r.u16()?, seq: r.u64()? },
+            KIND_FOLLOW_UP => Origin::FollowUp {
+                source: r.u16()?,
+                seq: r.u64()?,
+            },
             _ => return Err(r.invalid("unknown record kind")),
         };
         let timestamp_ms = r.u64()?;
@@ -67,7 +77,16 @@ impl<'a> RecordRef<'a> {
         while !check.is_empty() {
             check.bytes()?;
         }
-        Ok(Self { envelope: Envelope { app, origin, timestamp_ms, random }, payload, events })
+        Ok(Self {
+            envelope: Envelope {
+                app,
+                origin,
+                timestamp_ms,
+                random,
+            },
+            payload,
+            events,
+        })
     }
 
     /// The events applying this record produced, in order.
@@ -88,7 +107,9 @@ pub fn begin_record(buf: &mut Vec<u8>, envelope: &Envelope, payload: &[u8]) -> u
     buf.put_u32(0); // length, patched by finish_record
     buf.put_u32(0); // crc, patched by finish_record
     match envelope.origin {
-        Origin::Client { command_id: Some(command_id) } => {
+        Origin::Client {
+            command_id: Some(command_id),
+        } => {
             buf.put_u8(KIND_COMMAND);
             buf.put_u8(envelope.app);
             buf.put_u128(command_id);
@@ -117,7 +138,10 @@ pub fn push_event(buf: &mut Vec<u8>, event: &[u8]) {
 /// Patches the length and checksum of the record that starts at `start` and runs to the end of `buf`.
 pub fn finish_record(buf: &mut [u8], start: usize) {
     let length = buf.len() - start - FRAME_HEADER_BYTES;
-    assert!(length <= RECORD_BYTES_MAX, "record of {length} bytes exceeds RECORD_BYTES_MAX");
+    assert!(
+        length <= RECORD_BYTES_MAX,
+        "record of {length} bytes exceeds RECORD_BYTES_MAX"
+    );
     let length_bytes = (length as u32).to_le_bytes();
     buf[start..start + 4].copy_from_slice(&length_bytes);
     let crc = frame_crc(length_bytes, &buf[start + FRAME_HEADER_BYTES..]);
@@ -132,7 +156,11 @@ fn frame_crc(length_bytes: [u8; 4], kind_and_body: &[u8]) -> u32 {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Frame<'a> {
     /// A whole, checksummed frame of `total_bytes` (header included).
-    Valid { kind: u8, body: &'a [u8], total_bytes: usize },
+    Valid {
+        kind: u8,
+        body: &'a [u8],
+        total_bytes: usize,
+    },
     /// Fewer bytes than the header or the stated length need.
     Incomplete,
     /// Checksum mismatch, impossible length or an empty body.
@@ -157,7 +185,11 @@ pub fn read_frame(bytes: &[u8]) -> Frame<'_> {
     if frame_crc(length_bytes, kind_and_body) != stored_crc {
         return Frame::Corrupt;
     }
-    Frame::Valid { kind: kind_and_body[0], body: &kind_and_body[1..], total_bytes }
+    Frame::Valid {
+        kind: kind_and_body[0],
+        body: &kind_and_body[1..],
+        total_bytes,
+    }
 }
 
 #[cfg(test)]
@@ -165,7 +197,12 @@ mod tests {
     use super::*;
 
     fn sample(origin: Origin) -> Vec<u8> {
-        let envelope = Envelope { app: 3, origin, timestamp_ms: 1_700_000_000_000, random: 42 };
+        let envelope = Envelope {
+            app: 3,
+            origin,
+            timestamp_ms: 1_700_000_000_000,
+            random: 42,
+        };
         let mut buf = vec![0xAA]; // records need not start at offset 0
         let start = begin_record(&mut buf, &envelope, b"payload");
         push_event(&mut buf, b"e1");
@@ -177,25 +214,39 @@ mod tests {
     #[test]
     fn round_trips_both_origins() {
         for origin in [
-            Origin::Client { command_id: Some(u128::MAX - 5) },
+            Origin::Client {
+                command_id: Some(u128::MAX - 5),
+            },
             Origin::Client { command_id: None },
             Origin::FollowUp { source: 1, seq: 9 },
         ] {
             let buf = sample(origin);
-            let Frame::Valid { kind, body, total_bytes } = read_frame(&buf) else { panic!("not valid") };
+            let Frame::Valid {
+                kind,
+                body,
+                total_bytes,
+            } = read_frame(&buf)
+            else {
+                panic!("not valid")
+            };
             assert_eq!(total_bytes, buf.len());
             let record = RecordRef::decode(kind, body).unwrap();
             assert_eq!(record.envelope.origin, origin);
             assert_eq!(record.envelope.app, 3);
             assert_eq!(record.envelope.random, 42);
             assert_eq!(record.payload, b"payload");
-            assert_eq!(record.events().collect::<Vec<_>>(), vec![&b"e1"[..], &b""[..]]);
+            assert_eq!(
+                record.events().collect::<Vec<_>>(),
+                vec![&b"e1"[..], &b""[..]]
+            );
         }
     }
 
     #[test]
     fn every_single_bit_flip_is_detected() {
-        let buf = sample(Origin::Client { command_id: Some(7) });
+        let buf = sample(Origin::Client {
+            command_id: Some(7),
+        });
         for bit in 0..buf.len() * 8 {
             let mut flipped = buf.clone();
             flipped[bit / 8] ^= 1 << (bit % 8);
@@ -208,9 +259,15 @@ mod tests {
 
     #[test]
     fn short_input_is_incomplete() {
-        let buf = sample(Origin::Client { command_id: Some(7) });
+        let buf = sample(Origin::Client {
+            command_id: Some(7),
+        });
         for len in 0..buf.len() {
-            assert_eq!(read_frame(&buf[..len]), Frame::Incomplete, "prefix of {len} bytes");
+            assert_eq!(
+                read_frame(&buf[..len]),
+                Frame::Incomplete,
+                "prefix of {len} bytes"
+            );
         }
     }
 }

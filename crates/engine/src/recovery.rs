@@ -11,7 +11,10 @@ use crate::{AppId, PartitionId, StartError};
 use std::io::{self, Read, Write};
 use std::path::Path;
 
-pub(crate) fn write_partition_snapshot(core: &Core, out: &mut snapshot::SectionWriter<impl Write>) -> io::Result<()> {
+pub(crate) fn write_partition_snapshot(
+    core: &Core,
+    out: &mut snapshot::SectionWriter<impl Write>,
+) -> io::Result<()> {
     out.write_all(&core.partition.to_le_bytes())?;
     out.write_all(&core.partition_count.to_le_bytes())?;
     out.write_u32_le(core.apps.len() as u32)?;
@@ -46,20 +49,33 @@ fn read_partition_snapshot(
     input.end_section("bookkeeping")?;
     for _ in 0..app_count {
         let app = input.read_u8_le()?;
-        let spec = specs
-            .iter()
-            .find(|s| s.id == app)
-            .ok_or_else(|| invalid(format!("snapshot holds state of app {app}, which is not enabled")))?;
+        let spec = specs.iter().find(|s| s.id == app).ok_or_else(|| {
+            invalid(format!(
+                "snapshot holds state of app {app}, which is not enabled"
+            ))
+        })?;
         let state = (spec.restore)(core.partition, input)?;
         input.end_section(spec.name)?;
-        let slot = core.apps.iter_mut().find(|(id, _)| *id == app).expect("every enabled app has a slot");
+        let slot = core
+            .apps
+            .iter_mut()
+            .find(|(id, _)| *id == app)
+            .expect("every enabled app has a slot");
         slot.1 = state;
     }
     Ok(())
 }
 
-fn fresh_core(partition: PartitionId, partition_count: u16, specs: &[AppSpec], idempotency: &IdempotencyTable) -> Core {
-    let apps = specs.iter().map(|s| (s.id, (s.new_state)(partition))).collect();
+fn fresh_core(
+    partition: PartitionId,
+    partition_count: u16,
+    specs: &[AppSpec],
+    idempotency: &IdempotencyTable,
+) -> Core {
+    let apps = specs
+        .iter()
+        .map(|s| (s.id, (s.new_state)(partition)))
+        .collect();
     Core::new(partition, partition_count, apps, idempotency.clone())
 }
 
@@ -88,13 +104,19 @@ pub(crate) fn recover_partition(
                 restored = Some(core);
                 break;
             }
-            Ok(()) => tracing::warn!(partition, snapshot = %path.display(), "snapshot LSN disagrees with its name; skipped"),
-            Err(error) => tracing::warn!(partition, snapshot = %path.display(), %error, "unreadable snapshot; trying an older one"),
+            Ok(()) => {
+                tracing::warn!(partition, snapshot = %path.display(), "snapshot LSN disagrees with its name; skipped")
+            }
+            Err(error) => {
+                tracing::warn!(partition, snapshot = %path.display(), %error, "unreadable snapshot; trying an older one")
+            }
         }
     }
     let mut core = match restored {
         Some(core) => core,
-        None if log.first_lsn() == 0 => fresh_core(partition, partition_count, specs, empty_idempotency),
+        None if log.first_lsn() == 0 => {
+            fresh_core(partition, partition_count, specs, empty_idempotency)
+        }
         None => {
             return Err(StartError::Unrecoverable(format!(
                 "partition {partition}: no usable snapshot, and the journal starts at LSN {} (earlier records were released)",
@@ -106,19 +128,35 @@ pub(crate) fn recover_partition(
     let mut sent = Vec::new();
     let from = core.next_lsn;
     log.replay(from, &mut |lsn, kind, body| {
-        let corrupt = |reason: String| JournalError::Corrupt { path: "journal".into(), offset: lsn, reason };
-        let record = RecordRef::decode(kind, body).map_err(|e| corrupt(format!("record {lsn}: {e}")))?;
+        let corrupt = |reason: String| JournalError::Corrupt {
+            path: "journal".into(),
+            offset: lsn,
+            reason,
+        };
+        let record =
+            RecordRef::decode(kind, body).map_err(|e| corrupt(format!("record {lsn}: {e}")))?;
         let app: AppId = record.envelope.app;
         if !core.has_app(app) {
-            return Err(corrupt(format!("record {lsn} belongs to app {app}, which is not enabled")));
+            return Err(corrupt(format!(
+                "record {lsn} belongs to app {app}, which is not enabled"
+            )));
         }
         debug_assert_eq!(core.next_lsn, lsn);
         events.clear();
         core.apply(&record.envelope, record.payload, &mut events, &mut sent);
-        debug_assert_eq!(events.as_slice(), record.raw_events(), "apply is not deterministic: replay produced other events");
+        debug_assert_eq!(
+            events.as_slice(),
+            record.raw_events(),
+            "apply is not deterministic: replay produced other events"
+        );
         sent.clear();
         Ok(())
     })?;
-    tracing::info!(partition, snapshot_lsn = from, replayed = core.next_lsn - from, "partition recovered");
+    tracing::info!(
+        partition,
+        snapshot_lsn = from,
+        replayed = core.next_lsn - from,
+        "partition recovered"
+    );
     Ok(core)
 }

@@ -64,7 +64,10 @@ impl<R: Read> SectionReader<R> {
         let mut stored = [0; 4];
         self.inner.read_exact(&mut stored)?;
         if u32::from_le_bytes(stored) != self.crc {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("checksum mismatch in section {what}")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("checksum mismatch in section {what}"),
+            ));
         }
         self.crc = 0;
         Ok(())
@@ -75,7 +78,10 @@ impl<R: Read> SectionReader<R> {
         let mut probe = [0; 1];
         match self.inner.read(&mut probe)? {
             0 => Ok(()),
-            _ => Err(io::Error::new(io::ErrorKind::InvalidData, "bytes after the last section")),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "bytes after the last section",
+            )),
         }
     }
 }
@@ -89,7 +95,10 @@ impl<R: Read> Read for SectionReader<R> {
 }
 
 fn io_error(path: &Path) -> impl FnOnce(io::Error) -> JournalError + '_ {
-    move |source| JournalError::Io { path: path.to_path_buf(), source }
+    move |source| JournalError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// Writes `name` in `dir` atomically: `write` streams the sections after the header.
@@ -125,7 +134,10 @@ pub fn open(path: &Path) -> io::Result<SectionReader<BufReader<File>>> {
     let mut version = [0; 4];
     input.read_exact(&mut version)?;
     if &magic != MAGIC || u32::from_le_bytes(version) != VERSION {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "not a spate snapshot of a known version"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a spate snapshot of a known version",
+        ));
     }
     input.end_section("header")?;
     Ok(input)
@@ -138,17 +150,24 @@ pub fn file_name(lsn: Lsn) -> String {
 /// Snapshot files in `dir`, newest (highest LSN) first. Leftover temporary files are removed.
 pub fn list(dir: &Path) -> Result<Vec<(Lsn, PathBuf)>, JournalError> {
     let mut found = Vec::new();
-    let Ok(entries) = fs::read_dir(dir) else { return Ok(found) };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(found);
+    };
     for entry in entries {
         let path = entry.map_err(io_error(dir))?.path();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
         if name.ends_with(".tmp") {
             fs::remove_file(&path).map_err(io_error(&path))?;
-        } else if let Some(lsn) = name.strip_suffix(SUFFIX).and_then(|s| s.parse::<Lsn>().ok()) {
+        } else if let Some(lsn) = name
+            .strip_suffix(SUFFIX)
+            .and_then(|s| s.parse::<Lsn>().ok())
+        {
             found.push((lsn, path));
         }
     }
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|(lsn, _)| std::cmp::Reverse(*lsn));
     Ok(found)
 }
 

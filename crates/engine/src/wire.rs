@@ -77,7 +77,10 @@ impl<'a> Reader<'a> {
 
     pub fn take(&mut self, len: usize) -> Result<&'a [u8], WireError> {
         if self.remaining() < len {
-            return Err(WireError::Truncated { offset: self.offset, needed: len - self.remaining() });
+            return Err(WireError::Truncated {
+                offset: self.offset,
+                needed: len - self.remaining(),
+            });
         }
         let slice = &self.bytes[self.offset..self.offset + len];
         self.offset += len;
@@ -113,12 +116,19 @@ impl<'a> Reader<'a> {
     }
 
     pub fn invalid(&self, what: &'static str) -> WireError {
-        WireError::Invalid { offset: self.offset, what }
+        WireError::Invalid {
+            offset: self.offset,
+            what,
+        }
     }
 
     /// Fails unless every byte was consumed: trailing bytes mean the writer and reader disagree.
     pub fn finish(self) -> Result<(), WireError> {
-        if self.is_empty() { Ok(()) } else { Err(self.invalid("trailing bytes")) }
+        if self.is_empty() {
+            Ok(())
+        } else {
+            Err(self.invalid("trailing bytes"))
+        }
     }
 }
 
@@ -152,7 +162,13 @@ mod tests {
         let mut buf = Vec::new();
         buf.put_bytes(b"hello");
         let mut r = Reader::new(&buf[..6]);
-        assert_eq!(r.bytes(), Err(WireError::Truncated { offset: 4, needed: 3 }));
+        assert_eq!(
+            r.bytes(),
+            Err(WireError::Truncated {
+                offset: 4,
+                needed: 3
+            })
+        );
         assert!(Reader::new(&[1, 2]).u32().is_err());
     }
 

@@ -19,7 +19,11 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { status, code: code.into(), message: message.into() }
+        Self {
+            status,
+            code: code.into(),
+            message: message.into(),
+        }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
@@ -34,7 +38,9 @@ impl IntoResponse for ApiError {
         let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } });
         let mut response = (self.status, axum::Json(body)).into_response();
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
     }
@@ -69,11 +75,21 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
 fn json_rejection(rejection: JsonRejection) -> ApiError {
     let status = rejection.status();
     let message = match &rejection {
-        JsonRejection::JsonDataError(e) => format!("invalid JSON body: {}", std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string())),
-        JsonRejection::JsonSyntaxError(e) => format!("malformed JSON: {}", std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string())),
+        JsonRejection::JsonDataError(e) => format!(
+            "invalid JSON body: {}",
+            std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string())
+        ),
+        JsonRejection::JsonSyntaxError(e) => format!(
+            "malformed JSON: {}",
+            std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string())
+        ),
         other => other.body_text(),
     };
-    let code = if status == StatusCode::PAYLOAD_TOO_LARGE { "payload_too_large" } else { "bad_request" };
+    let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+        "payload_too_large"
+    } else {
+        "bad_request"
+    };
     ApiError::new(status, code, message)
 }
 
@@ -82,7 +98,9 @@ pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
 
 /// The command id of a request's `Idempotency-Key` header, scoped to `app` so two apps' keys never meet.
 pub fn command_id(headers: &HeaderMap, app: &str) -> Result<Option<CommandId>, ApiError> {
-    let Some(value) = headers.get("idempotency-key") else { return Ok(None) };
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
     let key = value.as_bytes();
     if key.is_empty() || key.len() > IDEMPOTENCY_KEY_BYTES_MAX {
         return Err(ApiError::bad_request(format!(

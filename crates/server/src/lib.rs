@@ -30,7 +30,8 @@ pub struct ServerConfig {
 /// Starts the engine and serves until SIGTERM or Ctrl-C, then shuts down cleanly.
 pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), String> {
     let mut registry = Registry::default();
-    let (specs, route_builders): (Vec<_>, Vec<_>) = modules.into_iter().map(|m| (m.spec, m.routes)).unzip();
+    let (specs, route_builders): (Vec<_>, Vec<_>) =
+        modules.into_iter().map(|m| (m.spec, m.routes)).unzip();
     let app_names: Vec<&str> = specs.iter().map(|s| s.name).collect();
     tracing::info!(data_dir = %config.engine.data_dir.display(), partitions = config.engine.partitions, apps = ?app_names, "starting engine");
     let engine = Engine::start(config.engine, specs, &mut registry).map_err(|e| e.to_string())?;
@@ -43,7 +44,10 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     }
     let router = router
         .fallback(|| async { ApiError::not_found("no such route") })
-        .layer(axum::middleware::from_fn_with_state(http_metrics, observe::record))
+        .layer(axum::middleware::from_fn_with_state(
+            http_metrics,
+            observe::record,
+        ))
         .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX));
 
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -53,9 +57,13 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     // Tests and scripts wait for this line to know the port (the listen address may end in :0).
     println!("spate listening on http://{local}");
     tracing::info!(%local, "listening");
-    let served = axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await;
+    let served = axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown_signal())
+        .await;
     tracing::info!("stopped accepting; draining partitions and writing final snapshots");
-    let stopped = tokio::task::spawn_blocking(move || engine.shutdown()).await.map_err(|e| e.to_string())?;
+    let stopped = tokio::task::spawn_blocking(move || engine.shutdown())
+        .await
+        .map_err(|e| e.to_string())?;
     served.map_err(|e| e.to_string())?;
     stopped?;
     tracing::info!("shut down cleanly");

@@ -40,24 +40,48 @@ fn latency_histogram() -> Histogram {
 
 impl HttpMetrics {
     pub fn register(registry: &mut Registry) -> Self {
-        let metrics = Self { latency: Family::new_with_constructor(latency_histogram), errors: Family::default() };
+        let metrics = Self {
+            latency: Family::new_with_constructor(latency_histogram),
+            errors: Family::default(),
+        };
         let r = registry.sub_registry_with_prefix("spate_http");
-        r.register("request_seconds", "Request latency by route", metrics.latency.clone());
-        r.register("errors", "Responses with status >= 400 by route and status", metrics.errors.clone());
+        r.register(
+            "request_seconds",
+            "Request latency by route",
+            metrics.latency.clone(),
+        );
+        r.register(
+            "errors",
+            "Responses with status >= 400 by route and status",
+            metrics.errors.clone(),
+        );
         metrics
     }
 }
 
 pub async fn record(State(metrics): State<HttpMetrics>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()).to_string();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_string();
     let method = request.method().to_string();
     let response = next.run(request).await;
     let status = response.status().as_u16();
     if status >= 400 {
-        metrics.errors.get_or_create(&ErrorLabel { route: route.clone(), status }).inc();
+        metrics
+            .errors
+            .get_or_create(&ErrorLabel {
+                route: route.clone(),
+                status,
+            })
+            .inc();
     }
-    metrics.latency.get_or_create(&RouteLabel { method, route }).observe(started.elapsed().as_secs_f64());
+    metrics
+        .latency
+        .get_or_create(&RouteLabel { method, route })
+        .observe(started.elapsed().as_secs_f64());
     response
 }
 
@@ -74,7 +98,11 @@ pub fn routes(engine: EngineHandle, registry: Arc<Registry>) -> Router {
                     "failed_partitions": health.failed_partitions,
                     "queue_depth": health.queue_depth,
                 });
-                let status = if healthy { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+                let status = if healthy {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                };
                 (status, axum::Json(body))
             }),
         )
@@ -83,7 +111,14 @@ pub fn routes(engine: EngineHandle, registry: Arc<Registry>) -> Router {
             get(move || async move {
                 let mut text = String::new();
                 match prometheus_client::encoding::text::encode(&mut text, &registry) {
-                    Ok(()) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response(),
+                    Ok(()) => (
+                        [(
+                            header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        text,
+                    )
+                        .into_response(),
                     Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
                 }
             }),

@@ -84,8 +84,10 @@ impl ServeArgs {
     /// Merges the config file under the command line and environment, and applies the defaults.
     pub fn resolve(mut self) -> anyhow::Result<(ServerConfig, Vec<String>)> {
         if let Some(path) = &self.config {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            let mut file: ServeArgs = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let mut file: ServeArgs =
+                toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
             merge!(
                 self,
                 file,
@@ -102,7 +104,8 @@ impl ServeArgs {
                 idempotency_entries_max
             );
         }
-        let mut engine = EngineConfig::new(self.data_dir.unwrap_or_else(|| PathBuf::from("./data")));
+        let mut engine =
+            EngineConfig::new(self.data_dir.unwrap_or_else(|| PathBuf::from("./data")));
         if let Some(partitions) = self.partitions {
             if partitions == 0 {
                 bail!("--partitions must be at least 1");
@@ -131,8 +134,12 @@ impl ServeArgs {
         if let Some(entries) = self.idempotency_entries_max {
             engine.idempotency_entries_max = entries.max(1);
         }
-        let listen = self.listen.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
-        let apps = self.apps.unwrap_or_else(|| APPS.iter().map(|s| s.to_string()).collect());
+        let listen = self
+            .listen
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
+        let apps = self
+            .apps
+            .unwrap_or_else(|| APPS.iter().map(|s| s.to_string()).collect());
         Ok((ServerConfig { listen, engine }, apps))
     }
 }

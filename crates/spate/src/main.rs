@@ -6,7 +6,11 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "spate", version, about = "A fault-tolerant engine for high-rate transactions")]
+#[command(
+    name = "spate",
+    version,
+    about = "A fault-tolerant engine for high-rate transactions"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Commands,
@@ -33,7 +37,9 @@ fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
-            runtime.block_on(spate_server::serve(server_config, modules)).map_err(anyhow::Error::msg)
+            runtime
+                .block_on(spate_server::serve(server_config, modules))
+                .map_err(anyhow::Error::msg)
         }
     }
 }

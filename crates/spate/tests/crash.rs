@@ -28,7 +28,13 @@ fn account(i: usize) -> String {
 }
 
 /// Sends adds and transfers until the server stops answering; returns what was acknowledged.
-fn client(base: String, seed: u64, client_id: u64, acked: Arc<Mutex<Acked>>, stop: Arc<AtomicBool>) {
+fn client(
+    base: String,
+    seed: u64,
+    client_id: u64,
+    acked: Arc<Mutex<Acked>>,
+    stop: Arc<AtomicBool>,
+) {
     let agent = agent();
     let mut rng = StdRng::seed_from_u64(seed ^ client_id);
     for counter in 0u64.. {
@@ -41,7 +47,12 @@ fn client(base: String, seed: u64, client_id: u64, acked: Arc<Mutex<Acked>>, sto
             let name = account(rng.random_range(0..ACCOUNTS));
             let amount = rng.random_range(1..1000i64);
             let url = format!("{base}/tally/accounts/{name}/entries");
-            match post(&agent, &url, Some(&key), &json!({"amount": amount, "tag": tag})) {
+            match post(
+                &agent,
+                &url,
+                Some(&key),
+                &json!({"amount": amount, "tag": tag}),
+            ) {
                 Ok((201, _)) => acked.lock().unwrap().adds.push((name, tag, amount)),
                 Ok((503, _)) => {}
                 Ok((status, body)) => panic!("add answered {status}: {body}"),
@@ -51,9 +62,21 @@ fn client(base: String, seed: u64, client_id: u64, acked: Arc<Mutex<Acked>>, sto
             let from = rng.random_range(0..ACCOUNTS);
             let to = (from + rng.random_range(1..ACCOUNTS)) % ACCOUNTS;
             let amount = rng.random_range(1..200i64);
-            let body = json!({"from": account(from), "to": account(to), "amount": amount, "tag": tag});
-            match post(&agent, &format!("{base}/tally/transfers"), Some(&key), &body) {
-                Ok((201, _)) => acked.lock().unwrap().transfers.push((account(from), account(to), tag, amount)),
+            let body =
+                json!({"from": account(from), "to": account(to), "amount": amount, "tag": tag});
+            match post(
+                &agent,
+                &format!("{base}/tally/transfers"),
+                Some(&key),
+                &body,
+            ) {
+                Ok((201, _)) => {
+                    acked
+                        .lock()
+                        .unwrap()
+                        .transfers
+                        .push((account(from), account(to), tag, amount))
+                }
                 Ok((409 | 503, _)) => {}
                 Ok((status, body)) => panic!("transfer answered {status}: {body}"),
                 Err(_) => return,
@@ -67,12 +90,18 @@ fn entries(base: &str) -> HashMap<String, Vec<(u64, i64)>> {
     let agent = agent();
     (0..ACCOUNTS)
         .map(|i| {
-            let (status, body) = get(&agent, &format!("{base}/tally/accounts/{}?limit=10000", account(i)));
+            let (status, body) = get(
+                &agent,
+                &format!("{base}/tally/accounts/{}?limit=10000", account(i)),
+            );
             let list = if status == 404 {
                 Vec::new()
             } else {
                 assert_eq!(status, 200, "{body}");
-                assert!(body["entry_count"].as_u64().unwrap() <= 10_000, "test pages are too small");
+                assert!(
+                    body["entry_count"].as_u64().unwrap() <= 10_000,
+                    "test pages are too small"
+                );
                 body["entries"]
                     .as_array()
                     .unwrap()
@@ -88,7 +117,12 @@ fn entries(base: &str) -> HashMap<String, Vec<(u64, i64)>> {
 fn run_seed(seed: u64) {
     let dir = tempfile::tempdir().unwrap();
     // Small segments and frequent snapshots, so that recovery exercises snapshot + replay + segment release.
-    let args = ["--snapshot-interval-records", "300", "--segment-bytes", "65536"];
+    let args = [
+        "--snapshot-interval-records",
+        "300",
+        "--segment-bytes",
+        "65536",
+    ];
     let server = Server::start(dir.path(), &args, None);
     let acked = Arc::new(Mutex::new(Acked::default()));
     let stop = Arc::new(AtomicBool::new(false));
@@ -106,7 +140,11 @@ fn run_seed(seed: u64) {
         thread.join().expect("client thread");
     }
     let acked = Arc::try_unwrap(acked).ok().unwrap().into_inner().unwrap();
-    assert!(acked.adds.len() > 50, "seed {seed}: too little load before the kill ({} adds)", acked.adds.len());
+    assert!(
+        acked.adds.len() > 50,
+        "seed {seed}: too little load before the kill ({} adds)",
+        acked.adds.len()
+    );
 
     let server = Server::start(dir.path(), &args, None);
     let agent = agent();
@@ -119,9 +157,14 @@ fn run_seed(seed: u64) {
                 by_tag.entry(tag).or_default().push((name.clone(), amount));
             }
         }
-        by_tag.values().all(|booked| !booked.iter().any(|(_, a)| *a < 0) || booked.len() == 2)
+        by_tag
+            .values()
+            .all(|booked| !booked.iter().any(|(_, a)| *a < 0) || booked.len() == 2)
     });
-    assert!(settled, "seed {seed}: some transfer debits never got their credit");
+    assert!(
+        settled,
+        "seed {seed}: some transfer debits never got their credit"
+    );
 
     // Exactly once, nothing half-applied: a tag is one add, or one debit plus its credit.
     for (tag, booked) in &by_tag {
@@ -130,19 +173,36 @@ fn run_seed(seed: u64) {
             (None, 1) => {}
             (Some((from, amount)), 2) => {
                 let credit = booked.iter().find(|(_, a)| *a > 0);
-                assert!(matches!(credit, Some((to, a)) if to != from && *a == -amount), "seed {seed}: tag {tag}: {booked:?}");
+                assert!(
+                    matches!(credit, Some((to, a)) if to != from && *a == -amount),
+                    "seed {seed}: tag {tag}: {booked:?}"
+                );
             }
             _ => panic!("seed {seed}: tag {tag} booked as {booked:?}"),
         }
     }
-    let position: HashMap<(String, u64), i64> =
-        by_tag.iter().flat_map(|(tag, booked)| booked.iter().map(|(name, a)| ((name.clone(), *tag), *a))).collect();
+    let position: HashMap<(String, u64), i64> = by_tag
+        .iter()
+        .flat_map(|(tag, booked)| booked.iter().map(|(name, a)| ((name.clone(), *tag), *a)))
+        .collect();
     for (name, tag, amount) in &acked.adds {
-        assert_eq!(position.get(&(name.clone(), *tag)), Some(amount), "seed {seed}: acknowledged add {tag} on {name} lost");
+        assert_eq!(
+            position.get(&(name.clone(), *tag)),
+            Some(amount),
+            "seed {seed}: acknowledged add {tag} on {name} lost"
+        );
     }
     for (from, to, tag, amount) in &acked.transfers {
-        assert_eq!(position.get(&(from.clone(), *tag)), Some(&-amount), "seed {seed}: debit of transfer {tag} lost");
-        assert_eq!(position.get(&(to.clone(), *tag)), Some(amount), "seed {seed}: credit of transfer {tag} lost");
+        assert_eq!(
+            position.get(&(from.clone(), *tag)),
+            Some(&-amount),
+            "seed {seed}: debit of transfer {tag} lost"
+        );
+        assert_eq!(
+            position.get(&(to.clone(), *tag)),
+            Some(amount),
+            "seed {seed}: credit of transfer {tag} lost"
+        );
     }
     let balance_total: i64 = position.values().sum();
 
@@ -153,20 +213,36 @@ fn run_seed(seed: u64) {
             && totals["entries"].as_u64() == Some(position.len() as u64)
             && totals["balance_sum"] == Value::String(balance_total.to_string())
     });
-    assert!(projected, "seed {seed}: projection totals differ from the accounts");
+    assert!(
+        projected,
+        "seed {seed}: projection totals differ from the accounts"
+    );
 
     // A retry of an acknowledged add after the restart is answered from the idempotency table, not applied.
     if let Some((name, tag, amount)) = acked.adds.first() {
         let client_id = tag >> 32;
         let key = format!("c{client_id}-{}", tag & 0xFFFF_FFFF);
         let url = format!("{}/tally/accounts/{name}/entries", server.base);
-        let (status, _) = post(&agent, &url, Some(&key), &json!({"amount": amount, "tag": tag})).unwrap();
+        let (status, _) = post(
+            &agent,
+            &url,
+            Some(&key),
+            &json!({"amount": amount, "tag": tag}),
+        )
+        .unwrap();
         assert_eq!(status, 201);
         let after = entries(&server.base);
-        assert_eq!(after[name].iter().filter(|(t, _)| t == tag).count(), 1, "seed {seed}: retry applied twice");
+        assert_eq!(
+            after[name].iter().filter(|(t, _)| t == tag).count(),
+            1,
+            "seed {seed}: retry applied twice"
+        );
     }
     let status = server.terminate();
-    assert!(status.success(), "seed {seed}: clean shutdown failed: {status}");
+    assert!(
+        status.success(),
+        "seed {seed}: clean shutdown failed: {status}"
+    );
 }
 
 #[test]
@@ -174,7 +250,8 @@ fn every_acknowledged_command_survives_kill_9_exactly_once() {
     let seeds: Vec<u64> = match std::env::var("SPATE_CRASH_SEED") {
         Ok(seed) => vec![seed.parse().expect("SPATE_CRASH_SEED is a number")],
         Err(_) => {
-            let count = std::env::var("SPATE_CRASH_SEEDS").map_or(3, |n| n.parse().expect("SPATE_CRASH_SEEDS is a number"));
+            let count = std::env::var("SPATE_CRASH_SEEDS")
+                .map_or(3, |n| n.parse().expect("SPATE_CRASH_SEEDS is a number"));
             let base: u64 = rand::random();
             (0..count).map(|i| base.wrapping_add(i)).collect()
         }

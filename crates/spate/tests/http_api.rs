@@ -6,9 +6,19 @@ use serde_json::{Value, json};
 use support::{Server, agent, get, post};
 
 fn post_raw(agent: &ureq::Agent, url: &str, body: Vec<u8>) -> (u16, Value) {
-    let mut response = agent.post(url).header("content-type", "application/json").send(body).expect("answered");
+    let mut response = agent
+        .post(url)
+        .header("content-type", "application/json")
+        .send(body)
+        .expect("answered");
     let status = response.status().as_u16();
-    (status, response.body_mut().read_json::<Value>().unwrap_or(Value::Null))
+    (
+        status,
+        response
+            .body_mut()
+            .read_json::<Value>()
+            .unwrap_or(Value::Null),
+    )
 }
 
 #[test]
@@ -18,13 +28,38 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
     let agent = agent();
     let base = &server.base;
     let entries = format!("{base}/tally/accounts/alice/entries");
-    assert_eq!(post(&agent, &entries, None, &json!({"amount": 5, "tag": 1})).unwrap().0, 201);
+    assert_eq!(
+        post(&agent, &entries, None, &json!({"amount": 5, "tag": 1}))
+            .unwrap()
+            .0,
+        201
+    );
 
     let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
-        ("malformed JSON", b"{\"amount\": 5,".to_vec(), 400, "malformed JSON"),
-        ("wrong type", br#"{"amount": "5", "tag": 1}"#.to_vec(), 422, "amount"),
-        ("out of range", br#"{"amount": 9223372036854775808, "tag": 1}"#.to_vec(), 422, "amount"),
-        ("unknown field", br#"{"amount": 5, "tag": 1, "extra": 0}"#.to_vec(), 422, "extra"),
+        (
+            "malformed JSON",
+            b"{\"amount\": 5,".to_vec(),
+            400,
+            "malformed JSON",
+        ),
+        (
+            "wrong type",
+            br#"{"amount": "5", "tag": 1}"#.to_vec(),
+            422,
+            "amount",
+        ),
+        (
+            "out of range",
+            br#"{"amount": 9223372036854775808, "tag": 1}"#.to_vec(),
+            422,
+            "amount",
+        ),
+        (
+            "unknown field",
+            br#"{"amount": 5, "tag": 1, "extra": 0}"#.to_vec(),
+            422,
+            "extra",
+        ),
         ("missing field", br#"{"amount": 5}"#.to_vec(), 422, "tag"),
         ("oversized", vec![b' '; 5 * 1024 * 1024], 413, ""),
     ];
@@ -32,32 +67,79 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
         let (got, answer) = post_raw(&agent, &entries, body);
         assert_eq!(got, status, "{what}: {answer}");
         if got != 413 {
-            let message = answer["error"]["message"].as_str().unwrap_or_else(|| panic!("{what}: no error shape: {answer}"));
-            assert!(message.contains(mentions), "{what}: message {message:?} should mention {mentions:?}");
+            let message = answer["error"]["message"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{what}: no error shape: {answer}"));
+            assert!(
+                message.contains(mentions),
+                "{what}: message {message:?} should mention {mentions:?}"
+            );
         }
     }
     let bad_name = format!("{base}/tally/accounts/{}/entries", "x".repeat(65));
     let (status, answer) = post(&agent, &bad_name, None, &json!({"amount": 5, "tag": 1})).unwrap();
     assert_eq!(status, 400, "{answer}");
-    let (status, answer) = post(&agent, &entries, Some(&"k".repeat(256)), &json!({"amount": 5, "tag": 1})).unwrap();
-    assert_eq!((status, answer["error"]["code"].as_str()), (400, Some("bad_request")));
+    let (status, answer) = post(
+        &agent,
+        &entries,
+        Some(&"k".repeat(256)),
+        &json!({"amount": 5, "tag": 1}),
+    )
+    .unwrap();
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (400, Some("bad_request"))
+    );
     let transfer = format!("{base}/tally/transfers");
     for (body, mentions) in [
-        (json!({"from": "alice", "to": "alice", "amount": 1, "tag": 2}), "differ"),
-        (json!({"from": "alice", "to": "bob", "amount": 0, "tag": 2}), "greater than 0"),
+        (
+            json!({"from": "alice", "to": "alice", "amount": 1, "tag": 2}),
+            "differ",
+        ),
+        (
+            json!({"from": "alice", "to": "bob", "amount": 0, "tag": 2}),
+            "greater than 0",
+        ),
     ] {
         let (status, answer) = post(&agent, &transfer, None, &body).unwrap();
         assert_eq!(status, 400, "{answer}");
-        assert!(answer["error"]["message"].as_str().unwrap().contains(mentions), "{answer}");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(mentions),
+            "{answer}"
+        );
     }
-    let (status, answer) = post(&agent, &transfer, None, &json!({"from": "alice", "to": "bob", "amount": 6, "tag": 3})).unwrap();
-    assert_eq!((status, answer["error"]["code"].as_str()), (409, Some("insufficient_funds")));
+    let (status, answer) = post(
+        &agent,
+        &transfer,
+        None,
+        &json!({"from": "alice", "to": "bob", "amount": 6, "tag": 3}),
+    )
+    .unwrap();
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (409, Some("insufficient_funds"))
+    );
 
     // Idempotency: the same key and body is answered once; the same key with another body is refused.
     let once = json!({"amount": 7, "tag": 4});
-    assert_eq!(post(&agent, &entries, Some("key-1"), &once).unwrap(), (201, json!({"balance": "12"})));
-    assert_eq!(post(&agent, &entries, Some("key-1"), &once).unwrap(), (201, json!({"balance": "12"})));
-    let (status, _) = post(&agent, &entries, Some("key-1"), &json!({"amount": 8, "tag": 4})).unwrap();
+    assert_eq!(
+        post(&agent, &entries, Some("key-1"), &once).unwrap(),
+        (201, json!({"balance": "12"}))
+    );
+    assert_eq!(
+        post(&agent, &entries, Some("key-1"), &once).unwrap(),
+        (201, json!({"balance": "12"}))
+    );
+    let (status, _) = post(
+        &agent,
+        &entries,
+        Some("key-1"),
+        &json!({"amount": 8, "tag": 4}),
+    )
+    .unwrap();
     assert_eq!(status, 422);
 
     // Nothing above changed state but the two applied adds.
@@ -70,9 +152,24 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
 
     let (status, health) = get(&agent, &format!("{base}/health"));
     assert_eq!((status, health["status"].as_str()), (200, Some("ok")));
-    let metrics = agent.get(format!("{base}/metrics")).call().unwrap().body_mut().read_to_string().unwrap();
-    for name in ["spate_commands_applied_total", "spate_journal_commit_seconds_bucket", "spate_queue_depth", "spate_http_request_seconds_bucket", "spate_http_errors_total"] {
+    let metrics = agent
+        .get(format!("{base}/metrics"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    for name in [
+        "spate_commands_applied_total",
+        "spate_journal_commit_seconds_bucket",
+        "spate_queue_depth",
+        "spate_http_request_seconds_bucket",
+        "spate_http_errors_total",
+    ] {
         assert!(metrics.contains(name), "metric {name} missing");
     }
-    assert!(server.terminate().success(), "SIGTERM shuts down cleanly with exit 0");
+    assert!(
+        server.terminate().success(),
+        "SIGTERM shuts down cleanly with exit 0"
+    );
 }

@@ -19,7 +19,10 @@ fn a_failing_journal_refuses_writes_and_keeps_what_it_acknowledged() {
         let (status, body) = post(&agent, &url, None, &json!({"amount": 1, "tag": tag})).unwrap();
         match status {
             201 => {
-                assert!(refused_at.is_none(), "tag {tag} acknowledged after the journal failed");
+                assert!(
+                    refused_at.is_none(),
+                    "tag {tag} acknowledged after the journal failed"
+                );
                 acknowledged.push(tag);
             }
             503 => {
@@ -38,14 +41,25 @@ fn a_failing_journal_refuses_writes_and_keeps_what_it_acknowledged() {
     assert_eq!(status, 503, "{health}");
     assert_eq!(health["failed_partitions"], json!([0]));
     let (status, _) = get(&agent, &format!("{}/tally/accounts/alice", server.base));
-    assert_eq!(status, 503, "reads of state that may be ahead of the disk are refused too");
+    assert_eq!(
+        status, 503,
+        "reads of state that may be ahead of the disk are refused too"
+    );
     server.kill9();
 
     // Restarted with room to write: exactly the acknowledged entries are there, and writes work again.
     let server = Server::start(dir.path(), &args, None);
-    let (status, body) = get(&agent, &format!("{}/tally/accounts/alice?limit=10000", server.base));
+    let (status, body) = get(
+        &agent,
+        &format!("{}/tally/accounts/alice?limit=10000", server.base),
+    );
     assert_eq!(status, 200, "{body}");
-    let tags: Vec<u64> = body["entries"].as_array().unwrap().iter().map(|e| e["tag"].as_u64().unwrap()).collect();
+    let tags: Vec<u64> = body["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["tag"].as_u64().unwrap())
+        .collect();
     assert_eq!(tags, acknowledged);
     let url = format!("{}/tally/accounts/alice/entries", server.base);
     let (status, _) = post(&agent, &url, None, &json!({"amount": 1, "tag": 99_999})).unwrap();

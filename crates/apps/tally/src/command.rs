@@ -8,11 +8,24 @@ pub const ACCOUNT_BYTES_MAX: usize = 64;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     /// Adds `amount` (may be negative) to `account` as the entry `tag`.
-    Add { account: String, amount: i64, tag: u64 },
+    Add {
+        account: String,
+        amount: i64,
+        tag: u64,
+    },
     /// Moves `amount` > 0 from `from` to `to` if `from` holds at least that much.
-    Transfer { from: String, to: String, amount: i64, tag: u64 },
+    Transfer {
+        from: String,
+        to: String,
+        amount: i64,
+        tag: u64,
+    },
     /// The payee half of a transfer; only ever a follow-up.
-    Credit { account: String, amount: i64, tag: u64 },
+    Credit {
+        account: String,
+        amount: i64,
+        tag: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,13 +43,31 @@ impl Command {
     pub fn encode(&self) -> Vec<u8> {
         let mut buf = Vec::with_capacity(64);
         match self {
-            Self::Add { account, amount, tag } | Self::Credit { account, amount, tag } => {
-                buf.put_u8(if matches!(self, Self::Add { .. }) { ADD } else { CREDIT });
+            Self::Add {
+                account,
+                amount,
+                tag,
+            }
+            | Self::Credit {
+                account,
+                amount,
+                tag,
+            } => {
+                buf.put_u8(if matches!(self, Self::Add { .. }) {
+                    ADD
+                } else {
+                    CREDIT
+                });
                 buf.put_bytes(account.as_bytes());
                 buf.put_u64(*amount as u64);
                 buf.put_u64(*tag);
             }
-            Self::Transfer { from, to, amount, tag } => {
+            Self::Transfer {
+                from,
+                to,
+                amount,
+                tag,
+            } => {
                 buf.put_u8(TRANSFER);
                 buf.put_bytes(from.as_bytes());
                 buf.put_bytes(to.as_bytes());
@@ -58,9 +89,26 @@ impl Command {
                 let account = account(&mut r)?;
                 let amount = r.u64()? as i64;
                 let tag = r.u64()?;
-                if kind == ADD { Self::Add { account, amount, tag } } else { Self::Credit { account, amount, tag } }
+                if kind == ADD {
+                    Self::Add {
+                        account,
+                        amount,
+                        tag,
+                    }
+                } else {
+                    Self::Credit {
+                        account,
+                        amount,
+                        tag,
+                    }
+                }
             }
-            TRANSFER => Self::Transfer { from: account(&mut r)?, to: account(&mut r)?, amount: r.u64()? as i64, tag: r.u64()? },
+            TRANSFER => Self::Transfer {
+                from: account(&mut r)?,
+                to: account(&mut r)?,
+                amount: r.u64()? as i64,
+                tag: r.u64()?,
+            },
             _ => return Err(r.invalid("unknown tally command")),
         };
         r.finish()?;
@@ -91,7 +139,9 @@ impl Outcome {
         let outcome = match r.u8()? {
             0 => Self::Applied { balance: r.i128()? },
             1 => Self::InsufficientFunds { balance: r.i128()? },
-            2 => Self::Rejected { reason: String::from_utf8_lossy(r.bytes()?).into_owned() },
+            2 => Self::Rejected {
+                reason: String::from_utf8_lossy(r.bytes()?).into_owned(),
+            },
             _ => return Err(r.invalid("unknown tally outcome")),
         };
         r.finish()?;
@@ -115,9 +165,22 @@ mod tests {
     #[test]
     fn commands_round_trip() {
         for command in [
-            Command::Add { account: "a".into(), amount: -5, tag: 9 },
-            Command::Transfer { from: "a".into(), to: "b".into(), amount: i64::MAX, tag: 1 },
-            Command::Credit { account: "ü".into(), amount: 3, tag: u64::MAX },
+            Command::Add {
+                account: "a".into(),
+                amount: -5,
+                tag: 9,
+            },
+            Command::Transfer {
+                from: "a".into(),
+                to: "b".into(),
+                amount: i64::MAX,
+                tag: 1,
+            },
+            Command::Credit {
+                account: "ü".into(),
+                amount: 3,
+                tag: u64::MAX,
+            },
         ] {
             assert_eq!(Command::decode(&command.encode()).unwrap(), command);
         }

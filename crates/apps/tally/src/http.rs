@@ -40,6 +40,13 @@ struct TransferBody {
     tag: u64,
 }
 
+/// One page of an account, copied out of the partition by a query.
+struct AccountPage {
+    balance: i128,
+    entry_count: usize,
+    entries: Vec<(u64, i64)>,
+}
+
 #[derive(Deserialize)]
 struct Page {
     offset: Option<usize>,
@@ -56,14 +63,25 @@ fn check_account(field: &str, name: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-async fn submit(engine: &EngineHandle, key: &str, headers: &HeaderMap, command: Command) -> Result<Response, ApiError> {
+async fn submit(
+    engine: &EngineHandle,
+    key: &str,
+    headers: &HeaderMap,
+    command: Command,
+) -> Result<Response, ApiError> {
     let id = command_id(headers, APP_NAME)?;
     let partition = engine.partition_of(key.as_bytes());
-    let reply = engine.submit(partition, APP_ID, id, command.encode()).await?;
+    let reply = engine
+        .submit(partition, APP_ID, id, command.encode())
+        .await?;
     let bytes = reply_bytes(reply)?;
-    let outcome = Outcome::decode(&bytes).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    let outcome = Outcome::decode(&bytes)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     Ok(match outcome {
-        Outcome::Applied { balance } => json(StatusCode::CREATED, &serde_json::json!({ "balance": balance.to_string() })),
+        Outcome::Applied { balance } => json(
+            StatusCode::CREATED,
+            &serde_json::json!({ "balance": balance.to_string() }),
+        ),
         Outcome::InsufficientFunds { balance } => {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
@@ -114,15 +132,15 @@ pub(crate) fn routes(engine: EngineHandle, totals: Arc<RwLock<Totals>>) -> Route
                 }
                 let partition = engine.partition_of(name.as_bytes());
                 let lookup = name.clone();
-                let found: Option<(i128, usize, Vec<(u64, i64)>)> = engine
+                let found: Option<AccountPage> = engine
                     .query(partition, APP_ID, move |state: &TallyState| {
                         state.account(&lookup).map(|Account { balance, entries }| {
                             let page = entries.iter().skip(offset).take(limit).copied().collect();
-                            (*balance, entries.len(), page)
+                            AccountPage { balance: *balance, entry_count: entries.len(), entries: page }
                         })
                     })
                     .await?;
-                let Some((balance, entry_count, page)) = found else {
+                let Some(AccountPage { balance, entry_count, entries: page }) = found else {
                     return Err(ApiError::not_found(format!("no account {name}")));
                 };
                 let entries: Vec<_> = page.iter().map(|(tag, amount)| serde_json::json!({"tag": tag, "amount": amount})).collect();

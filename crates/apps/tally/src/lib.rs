@@ -30,5 +30,8 @@ pub fn module() -> AppModule {
         restore: Box::new(|_, input| Ok(Box::new(state::TallyState::restore(input)?))),
         projection: Some(Box::new(TotalsProjection::new(totals.clone()))),
     };
-    AppModule { spec, routes: Box::new(move |engine| http::routes(engine, totals)) }
+    AppModule {
+        spec,
+        routes: Box::new(move |engine| http::routes(engine, totals)),
+    }
 }

@@ -53,22 +53,47 @@ impl TallyState {
 impl StateMachine for TallyState {
     fn apply(&mut self, command: &spate_engine::Command<'_>, effects: &mut Effects<'_>) {
         let outcome = match Command::decode(command.payload) {
-            Err(error) => Outcome::Rejected { reason: format!("undecodable command: {error}") },
-            Ok(Command::Add { account, amount, tag }) => Outcome::Applied { balance: self.book(&account, amount, tag, effects) },
-            Ok(Command::Transfer { from, to, amount, tag }) => {
+            Err(error) => Outcome::Rejected {
+                reason: format!("undecodable command: {error}"),
+            },
+            Ok(Command::Add {
+                account,
+                amount,
+                tag,
+            }) => Outcome::Applied {
+                balance: self.book(&account, amount, tag, effects),
+            },
+            Ok(Command::Transfer {
+                from,
+                to,
+                amount,
+                tag,
+            }) => {
                 let balance = self.accounts.get(&from).map_or(0, |a| a.balance);
                 if balance < i128::from(amount) {
                     Outcome::InsufficientFunds { balance }
                 } else {
                     let balance = self.book(&from, -amount, tag, effects);
-                    let credit = Command::Credit { account: to.clone(), amount, tag };
+                    let credit = Command::Credit {
+                        account: to.clone(),
+                        amount,
+                        tag,
+                    };
                     effects.follow_up(to.as_bytes(), credit.encode());
                     Outcome::Applied { balance }
                 }
             }
-            Ok(Command::Credit { account, amount, tag }) => match command.envelope.origin {
-                Origin::FollowUp { .. } => Outcome::Applied { balance: self.book(&account, amount, tag, effects) },
-                Origin::Client { .. } => Outcome::Rejected { reason: "credit is internal to transfers".into() },
+            Ok(Command::Credit {
+                account,
+                amount,
+                tag,
+            }) => match command.envelope.origin {
+                Origin::FollowUp { .. } => Outcome::Applied {
+                    balance: self.book(&account, amount, tag, effects),
+                },
+                Origin::Client { .. } => Outcome::Rejected {
+                    reason: "credit is internal to transfers".into(),
+                },
             },
         };
         outcome.encode(effects.reply());
@@ -118,20 +143,32 @@ impl TotalsProjection {
 impl Projection for TotalsProjection {
     fn apply(&mut self, _partition: PartitionId, _lsn: Lsn, _timestamp_ms: u64, event: &[u8]) {
         let amount = decode_entry_event(event).expect("tally entry events are 8 bytes");
-        let mut totals = self.totals.write().expect("the totals lock is never poisoned");
+        let mut totals = self
+            .totals
+            .write()
+            .expect("the totals lock is never poisoned");
         totals.entries += 1;
         totals.balance_sum += i128::from(amount);
     }
 
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
-        let totals = *self.totals.read().expect("the totals lock is never poisoned");
+        let totals = *self
+            .totals
+            .read()
+            .expect("the totals lock is never poisoned");
         out.write_u64_le(totals.entries)?;
         out.write_i128_le(totals.balance_sum)
     }
 
     fn restore(&mut self, input: &mut dyn io::Read) -> io::Result<()> {
-        let restored = Totals { entries: input.read_u64_le()?, balance_sum: input.read_i128_le()? };
-        *self.totals.write().expect("the totals lock is never poisoned") = restored;
+        let restored = Totals {
+            entries: input.read_u64_le()?,
+            balance_sum: input.read_i128_le()?,
+        };
+        *self
+            .totals
+            .write()
+            .expect("the totals lock is never poisoned") = restored;
         Ok(())
     }
 }

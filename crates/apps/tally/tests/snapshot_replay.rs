@@ -30,7 +30,12 @@ fn start(dir: &Path) -> Engine {
     let mut config = EngineConfig::new(dir);
     config.partitions = PARTITIONS;
     config.snapshot_interval_records = u64::MAX; // only the test decides when
-    Engine::start(config, vec![spate_tally::module().spec], &mut Registry::default()).unwrap()
+    Engine::start(
+        config,
+        vec![spate_tally::module().spec],
+        &mut Registry::default(),
+    )
+    .unwrap()
 }
 
 /// Every partition's app state, as snapshot bytes (sorted, so equal states compare equal).
@@ -81,12 +86,22 @@ async fn check(ops: Vec<Op>) {
     let handle = engine.handle();
     for (tag, op) in ops.iter().enumerate() {
         let (key, command) = match op {
-            Op::Add { account, amount } => {
-                (format!("a{account}"), Command::Add { account: format!("a{account}"), amount: *amount, tag: tag as u64 })
-            }
+            Op::Add { account, amount } => (
+                format!("a{account}"),
+                Command::Add {
+                    account: format!("a{account}"),
+                    amount: *amount,
+                    tag: tag as u64,
+                },
+            ),
             Op::Transfer { from, to, amount } => (
                 format!("a{from}"),
-                Command::Transfer { from: format!("a{from}"), to: format!("a{to}"), amount: *amount, tag: tag as u64 },
+                Command::Transfer {
+                    from: format!("a{from}"),
+                    to: format!("a{to}"),
+                    amount: *amount,
+                    tag: tag as u64,
+                },
             ),
             Op::Snapshot => {
                 tokio::task::block_in_place(|| handle.snapshot_now()).unwrap();
@@ -94,7 +109,10 @@ async fn check(ops: Vec<Op>) {
             }
         };
         let partition = handle.partition_of(key.as_bytes());
-        handle.submit(partition, APP_ID, None, command.encode()).await.unwrap();
+        handle
+            .submit(partition, APP_ID, None, command.encode())
+            .await
+            .unwrap();
     }
     let before = settled(&engine).await;
     tokio::task::block_in_place(|| engine.shutdown()).unwrap();
@@ -108,7 +126,10 @@ async fn check(ops: Vec<Op>) {
     // a: drop the newest (shutdown) snapshot of each partition, so recovery is an older snapshot + replay.
     for partition in std::fs::read_dir(a.path().join("partitions")).unwrap() {
         let snapshot_dir = partition.unwrap().path().join("snapshots");
-        let mut files: Vec<_> = std::fs::read_dir(&snapshot_dir).unwrap().map(|e| e.unwrap().path()).collect();
+        let mut files: Vec<_> = std::fs::read_dir(&snapshot_dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
         files.sort();
         if let Some(newest) = files.pop() {
             std::fs::remove_file(newest).unwrap();

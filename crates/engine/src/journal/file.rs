@@ -4,7 +4,7 @@
 //! back to back. Group commits never span segments, so a torn write can only damage the tail of the newest
 //! segment; anything else that fails its checksum is corruption and stops start-up.
 
-use super::{Durability, JournalError, Log, Lsn};
+use super::{Durability, JournalError, Log, Lsn, Visit};
 use crate::record::{Frame, read_frame};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -21,7 +21,10 @@ pub struct JournalConfig {
 
 impl Default for JournalConfig {
     fn default() -> Self {
-        Self { durability: Durability::Fsync, segment_bytes: 64 * 1024 * 1024 }
+        Self {
+            durability: Durability::Fsync,
+            segment_bytes: 64 * 1024 * 1024,
+        }
     }
 }
 
@@ -50,7 +53,10 @@ pub struct FileJournal {
 }
 
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> JournalError + '_ {
-    move |source| JournalError::Io { path: path.to_path_buf(), source }
+    move |source| JournalError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 fn segment_path(dir: &Path, first_lsn: Lsn) -> PathBuf {
@@ -59,7 +65,9 @@ fn segment_path(dir: &Path, first_lsn: Lsn) -> PathBuf {
 
 /// Makes a directory entry (a new or deleted file) durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), JournalError> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_error(dir))
 }
 
 /// Walks the frames of a segment's bytes. Returns the number of whole valid records and the offset where
@@ -72,7 +80,11 @@ fn scan_frames(
     let mut count = 0;
     while offset < bytes.len() {
         match read_frame(&bytes[offset..]) {
-            Frame::Valid { kind, body, total_bytes } => {
+            Frame::Valid {
+                kind,
+                body,
+                total_bytes,
+            } => {
                 visit(kind, body).map_err(|e| (offset, "visit failed", Some(e)))?;
                 offset += total_bytes;
                 count += 1;
@@ -97,8 +109,12 @@ impl FileJournal {
         let mut segments = Vec::new();
         for entry in fs::read_dir(dir).map_err(io_error(dir))? {
             let path = entry.map_err(io_error(dir))?.path();
-            let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
-            let Some(stem) = name.strip_suffix(SEGMENT_SUFFIX) else { continue };
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            let Some(stem) = name.strip_suffix(SEGMENT_SUFFIX) else {
+                continue;
+            };
             let first_lsn = stem.parse::<Lsn>().map_err(|_| JournalError::Corrupt {
                 path: path.clone(),
                 offset: 0,
@@ -107,7 +123,10 @@ impl FileJournal {
             segments.push(Segment { first_lsn, path });
         }
         segments.sort_by_key(|s| s.first_lsn);
-        let mut report = RecoveryReport { segments: segments.len(), torn_tail_bytes: 0 };
+        let mut report = RecoveryReport {
+            segments: segments.len(),
+            torn_tail_bytes: 0,
+        };
 
         if segments.is_empty() {
             let path = segment_path(dir, 0);
@@ -139,11 +158,15 @@ impl FileJournal {
                         reason: format!("{reason}, followed by a valid record at byte {next}"),
                     });
                 }
-                let (count, _) = scan_frames(&bytes[..offset], |_, _| Ok(())).expect("prefix was valid");
+                let (count, _) =
+                    scan_frames(&bytes[..offset], |_, _| Ok(())).expect("prefix was valid");
                 (count, offset)
             }
         };
-        let current = OpenOptions::new().append(true).open(&last.path).map_err(io_error(&last.path))?;
+        let current = OpenOptions::new()
+            .append(true)
+            .open(&last.path)
+            .map_err(io_error(&last.path))?;
         if valid_bytes < bytes.len() {
             report.torn_tail_bytes = (bytes.len() - valid_bytes) as u64;
             tracing::warn!(
@@ -152,7 +175,9 @@ impl FileJournal {
                 dropped_bytes = report.torn_tail_bytes,
                 "truncating torn tail of the journal (a group commit interrupted by a crash)"
             );
-            current.set_len(valid_bytes as u64).map_err(io_error(&last.path))?;
+            current
+                .set_len(valid_bytes as u64)
+                .map_err(io_error(&last.path))?;
             current.sync_all().map_err(io_error(&last.path))?;
         }
         let next_lsn = last.first_lsn + count;
@@ -173,7 +198,10 @@ impl FileJournal {
         let path = segment_path(&self.dir, self.next_lsn);
         self.current = File::create(&path).map_err(io_error(&path))?;
         sync_dir(&self.dir)?;
-        self.segments.push(Segment { first_lsn: self.next_lsn, path });
+        self.segments.push(Segment {
+            first_lsn: self.next_lsn,
+            path,
+        });
         self.current_bytes = 0;
         Ok(())
     }
@@ -181,7 +209,9 @@ impl FileJournal {
     fn append_inner(&mut self, frames: &[u8], record_count: u64) -> Result<(), JournalError> {
         if self.current_bytes >= self.config.segment_bytes {
             if self.config.durability == Durability::None {
-                self.current.sync_data().map_err(io_error(&self.segments.last().expect("segment").path))?;
+                self.current
+                    .sync_data()
+                    .map_err(io_error(&self.segments.last().expect("segment").path))?;
             }
             self.roll_segment()?;
         }
@@ -209,7 +239,10 @@ impl Log for FileJournal {
         if self.failed {
             return Err(JournalError::Failed);
         }
-        debug_assert!(record_count > 0 && !frames.is_empty(), "empty appends are the caller's to skip");
+        debug_assert!(
+            record_count > 0 && !frames.is_empty(),
+            "empty appends are the caller's to skip"
+        );
         let result = self.append_inner(frames, record_count);
         if result.is_err() {
             self.failed = true;
@@ -217,11 +250,7 @@ impl Log for FileJournal {
         result
     }
 
-    fn replay(
-        &self,
-        from: Lsn,
-        visit: &mut dyn FnMut(Lsn, u8, &[u8]) -> Result<(), JournalError>,
-    ) -> Result<(), JournalError> {
+    fn replay(&self, from: Lsn, visit: &mut Visit<'_>) -> Result<(), JournalError> {
         if from < self.first_lsn() || from > self.next_lsn {
             return Err(JournalError::Gap(format!(
                 "replay from LSN {from} but the journal holds {}..{}",
@@ -230,7 +259,10 @@ impl Log for FileJournal {
             )));
         }
         for (index, segment) in self.segments.iter().enumerate() {
-            let end_lsn = self.segments.get(index + 1).map_or(self.next_lsn, |next| next.first_lsn);
+            let end_lsn = self
+                .segments
+                .get(index + 1)
+                .map_or(self.next_lsn, |next| next.first_lsn);
             if end_lsn <= from {
                 continue;
             }
@@ -239,7 +271,11 @@ impl Log for FileJournal {
             let scanned = scan_frames(&bytes, |kind, body| {
                 let at = lsn;
                 lsn += 1;
-                if at >= from && at < end_lsn { visit(at, kind, body) } else { Ok(()) }
+                if at >= from && at < end_lsn {
+                    visit(at, kind, body)
+                } else {
+                    Ok(())
+                }
             });
             match scanned {
                 Ok(_) => {}
@@ -294,8 +330,14 @@ mod tests {
     fn frames(range: std::ops::Range<u64>) -> Vec<u8> {
         let mut buf = Vec::new();
         for id in range {
-            let envelope =
-                Envelope { app: 1, origin: Origin::Client { command_id: Some(id as u128) }, timestamp_ms: id, random: 0 };
+            let envelope = Envelope {
+                app: 1,
+                origin: Origin::Client {
+                    command_id: Some(id as u128),
+                },
+                timestamp_ms: id,
+                random: 0,
+            };
             let start = begin_record(&mut buf, &envelope, &id.to_le_bytes());
             finish_record(&mut buf, start);
         }
@@ -314,7 +356,10 @@ mod tests {
     }
 
     fn small_segments() -> JournalConfig {
-        JournalConfig { durability: Durability::Fsync, segment_bytes: 200 }
+        JournalConfig {
+            durability: Durability::Fsync,
+            segment_bytes: 200,
+        }
     }
 
     #[test]
@@ -322,7 +367,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut journal, _) = FileJournal::open(dir.path(), small_segments()).unwrap();
         for batch in 0..10 {
-            journal.append(&frames(batch * 3..batch * 3 + 3), 3).unwrap();
+            journal
+                .append(&frames(batch * 3..batch * 3 + 3), 3)
+                .unwrap();
         }
         assert!(journal.segments.len() > 3, "small segments should roll");
         assert_eq!(collect(&journal, 0), (0..30).collect::<Vec<_>>());
@@ -338,12 +385,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut journal, _) = FileJournal::open(dir.path(), small_segments()).unwrap();
         for batch in 0..10 {
-            journal.append(&frames(batch * 3..batch * 3 + 3), 3).unwrap();
+            journal
+                .append(&frames(batch * 3..batch * 3 + 3), 3)
+                .unwrap();
         }
         journal.release_before(20).unwrap();
         assert!(journal.first_lsn() > 0 && journal.first_lsn() <= 20);
         assert_eq!(collect(&journal, 20), (20..30).collect::<Vec<_>>());
-        assert!(journal.replay(0, &mut |_, _, _| Ok(())).is_err(), "released records cannot be replayed");
+        assert!(
+            journal.replay(0, &mut |_, _, _| Ok(())).is_err(),
+            "released records cannot be replayed"
+        );
     }
 
     #[test]
@@ -351,13 +403,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut journal, _) = FileJournal::open(dir.path(), small_segments()).unwrap();
         for batch in 0..6 {
-            journal.append(&frames(batch * 3..batch * 3 + 3), 3).unwrap();
+            journal
+                .append(&frames(batch * 3..batch * 3 + 3), 3)
+                .unwrap();
         }
         let middle = journal.segments[1].path.clone();
         drop(journal);
         fs::remove_file(middle).unwrap();
         let (journal, _) = FileJournal::open(dir.path(), small_segments()).unwrap();
-        assert!(matches!(journal.replay(0, &mut |_, _, _| Ok(())), Err(JournalError::Gap(_))));
+        assert!(matches!(
+            journal.replay(0, &mut |_, _, _| Ok(())),
+            Err(JournalError::Gap(_))
+        ));
     }
 
     fn one_segment_journal(records: u64) -> (tempfile::TempDir, PathBuf, Vec<u8>) {
@@ -375,10 +432,15 @@ mod tests {
         let record_bytes = bytes.len() / 10;
         for cut in [1, record_bytes / 2, record_bytes - 1] {
             fs::write(&path, &bytes[..bytes.len() - cut]).unwrap();
-            let (journal, report) = FileJournal::open(dir.path(), JournalConfig::default()).unwrap();
+            let (journal, report) =
+                FileJournal::open(dir.path(), JournalConfig::default()).unwrap();
             assert_eq!(report.torn_tail_bytes, (record_bytes - cut) as u64);
             assert_eq!(collect(&journal, 0), (0..9).collect::<Vec<_>>());
-            assert_eq!(fs::metadata(&path).unwrap().len(), (record_bytes * 9) as u64, "tail cut on disk too");
+            assert_eq!(
+                fs::metadata(&path).unwrap().len(),
+                (record_bytes * 9) as u64,
+                "tail cut on disk too"
+            );
         }
     }
 
@@ -398,8 +460,13 @@ mod tests {
         let record_bytes = bytes.len() / 10;
         bytes[record_bytes * 4 + 20] ^= 0x04;
         fs::write(&path, &bytes).unwrap();
-        let error = FileJournal::open(dir.path(), JournalConfig::default()).err().expect("must refuse");
-        assert!(matches!(error, JournalError::Corrupt { offset, .. } if offset == (record_bytes * 4) as u64), "{error}");
+        let error = FileJournal::open(dir.path(), JournalConfig::default())
+            .err()
+            .expect("must refuse");
+        assert!(
+            matches!(error, JournalError::Corrupt { offset, .. } if offset == (record_bytes * 4) as u64),
+            "{error}"
+        );
     }
 
     #[test]
@@ -407,7 +474,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut journal, _) = FileJournal::open(dir.path(), small_segments()).unwrap();
         for batch in 0..6 {
-            journal.append(&frames(batch * 3..batch * 3 + 3), 3).unwrap();
+            journal
+                .append(&frames(batch * 3..batch * 3 + 3), 3)
+                .unwrap();
         }
         let first = journal.segments[0].path.clone();
         drop(journal);
@@ -415,6 +484,9 @@ mod tests {
         bytes[30] ^= 0x80;
         fs::write(&first, bytes).unwrap();
         let (journal, _) = FileJournal::open(dir.path(), small_segments()).unwrap();
-        assert!(matches!(journal.replay(0, &mut |_, _, _| Ok(())), Err(JournalError::Corrupt { .. })));
+        assert!(matches!(
+            journal.replay(0, &mut |_, _, _| Ok(())),
+            Err(JournalError::Corrupt { .. })
+        ));
     }
 }

@@ -6,8 +6,8 @@
 
 mod file;
 
-pub use file::{FileJournal, JournalConfig, RecoveryReport};
 pub(crate) use file::sync_dir;
+pub use file::{FileJournal, JournalConfig, RecoveryReport};
 
 use std::path::PathBuf;
 use thiserror::Error;
@@ -33,13 +33,24 @@ pub enum JournalError {
         #[source]
         source: std::io::Error,
     },
-    #[error("corrupt journal record in {path} at byte {offset}: {reason}; refusing to start (records after it would be lost)")]
-    Corrupt { path: PathBuf, offset: u64, reason: String },
+    #[error(
+        "corrupt journal record in {path} at byte {offset}: {reason}; refusing to start (records after it would be lost)"
+    )]
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
     #[error("journal is missing records: {0}")]
     Gap(String),
-    #[error("journal refuses writes after an earlier write or fsync failure; restart to recover from disk")]
+    #[error(
+        "journal refuses writes after an earlier write or fsync failure; restart to recover from disk"
+    )]
     Failed,
 }
+
+/// Called by replay with each record's LSN, frame kind and body.
+pub type Visit<'a> = dyn FnMut(Lsn, u8, &[u8]) -> Result<(), JournalError> + 'a;
 
 /// A partition's durable, ordered log.
 pub trait Log: Send + 'static {
@@ -52,11 +63,7 @@ pub trait Log: Send + 'static {
     /// state of the bytes on disk is unknown (an fsync error may have dropped dirty pages).
     fn append(&mut self, frames: &[u8], record_count: u64) -> Result<(), JournalError>;
     /// Calls `visit` with every record at or after `from`, in order.
-    fn replay(
-        &self,
-        from: Lsn,
-        visit: &mut dyn FnMut(Lsn, u8, &[u8]) -> Result<(), JournalError>,
-    ) -> Result<(), JournalError>;
+    fn replay(&self, from: Lsn, visit: &mut Visit<'_>) -> Result<(), JournalError>;
     /// Frees storage of records below `lsn` (whole segments only); they will no longer be replayed.
     fn release_before(&mut self, lsn: Lsn) -> Result<(), JournalError>;
     /// Makes everything appended so far durable, whatever the [`Durability`] (used at shutdown).

@@ -32,7 +32,10 @@ impl Server {
                 command.pre_exec(move || {
                     // Ignored, SIGXFSZ turns an oversized write into an EFBIG error instead of a kill.
                     libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-                    let rlimit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+                    let rlimit = libc::rlimit {
+                        rlim_cur: limit,
+                        rlim_max: limit,
+                    };
                     if libc::setrlimit(libc::RLIMIT_FSIZE, &rlimit) != 0 {
                         return Err(std::io::Error::last_os_error());
                     }
@@ -43,7 +46,9 @@ impl Server {
         let mut child = command.spawn().expect("spawn spate");
         let stdout = child.stdout.take().expect("piped stdout");
         let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("read the listening line");
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the listening line");
         let base = line
             .trim()
             .strip_prefix("spate listening on ")
@@ -79,21 +84,35 @@ pub fn agent() -> ureq::Agent {
 }
 
 /// POSTs JSON; `Err` only when no HTTP answer came (connection refused or reset).
-pub fn post(agent: &ureq::Agent, url: &str, key: Option<&str>, body: &Value) -> Result<(u16, Value), ureq::Error> {
+pub fn post(
+    agent: &ureq::Agent,
+    url: &str,
+    key: Option<&str>,
+    body: &Value,
+) -> Result<(u16, Value), ureq::Error> {
     let mut request = agent.post(url);
     if let Some(key) = key {
         request = request.header("Idempotency-Key", key);
     }
     let mut response = request.send_json(body)?;
     let status = response.status().as_u16();
-    let value = response.body_mut().read_json::<Value>().unwrap_or(Value::Null);
+    let value = response
+        .body_mut()
+        .read_json::<Value>()
+        .unwrap_or(Value::Null);
     Ok((status, value))
 }
 
 pub fn get(agent: &ureq::Agent, url: &str) -> (u16, Value) {
     let mut response = agent.get(url).call().expect("GET answered");
     let status = response.status().as_u16();
-    (status, response.body_mut().read_json::<Value>().unwrap_or(Value::Null))
+    (
+        status,
+        response
+            .body_mut()
+            .read_json::<Value>()
+            .unwrap_or(Value::Null),
+    )
 }
 
 /// Polls `check` until it returns true or `timeout` passes.
