@@ -132,54 +132,6 @@ impl<'a> Reader<'a> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn round_trips_every_width() {
-        let mut buf = Vec::new();
-        buf.put_u8(7);
-        buf.put_u16(0xBEEF);
-        buf.put_u32(123_456);
-        buf.put_u64(u64::MAX - 1);
-        buf.put_u128(u128::MAX / 3);
-        buf.put_i128(i128::MIN);
-        buf.put_bytes(b"abc");
-        let mut r = Reader::new(&buf);
-        assert_eq!(r.u8().unwrap(), 7);
-        assert_eq!(r.u16().unwrap(), 0xBEEF);
-        assert_eq!(r.u32().unwrap(), 123_456);
-        assert_eq!(r.u64().unwrap(), u64::MAX - 1);
-        assert_eq!(r.u128().unwrap(), u128::MAX / 3);
-        assert_eq!(r.i128().unwrap(), i128::MIN);
-        assert_eq!(r.bytes().unwrap(), b"abc");
-        r.finish().unwrap();
-    }
-
-    #[test]
-    fn truncated_input_is_an_error_not_a_panic() {
-        let mut buf = Vec::new();
-        buf.put_bytes(b"hello");
-        let mut r = Reader::new(&buf[..6]);
-        assert_eq!(
-            r.bytes(),
-            Err(WireError::Truncated {
-                offset: 4,
-                needed: 3
-            })
-        );
-        assert!(Reader::new(&[1, 2]).u32().is_err());
-    }
-
-    #[test]
-    fn trailing_bytes_are_reported() {
-        let mut r = Reader::new(&[1, 2]);
-        r.u8().unwrap();
-        assert!(r.finish().is_err());
-    }
-}
-
 /// Fixed-width little-endian writes to any [`std::io::Write`], for streaming snapshots.
 pub trait WriteLe: std::io::Write {
     fn write_u8_le(&mut self, v: u8) -> std::io::Result<()> {
@@ -236,3 +188,51 @@ pub trait ReadLe: std::io::Read {
     }
 }
 impl<R: std::io::Read + ?Sized> ReadLe for R {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_every_width() {
+        let mut buf = Vec::new();
+        buf.put_u8(7);
+        buf.put_u16(0xBEEF);
+        buf.put_u32(123_456);
+        buf.put_u64(u64::MAX - 1);
+        buf.put_u128(u128::MAX / 3);
+        buf.put_i128(i128::MIN);
+        buf.put_bytes(b"abc");
+        let mut r = Reader::new(&buf);
+        assert_eq!(r.u8().unwrap(), 7);
+        assert_eq!(r.u16().unwrap(), 0xBEEF);
+        assert_eq!(r.u32().unwrap(), 123_456);
+        assert_eq!(r.u64().unwrap(), u64::MAX - 1);
+        assert_eq!(r.u128().unwrap(), u128::MAX / 3);
+        assert_eq!(r.i128().unwrap(), i128::MIN);
+        assert_eq!(r.bytes().unwrap(), b"abc");
+        r.finish().unwrap();
+    }
+
+    #[test]
+    fn truncated_input_is_an_error_not_a_panic() {
+        let mut buf = Vec::new();
+        buf.put_bytes(b"hello");
+        let mut r = Reader::new(&buf[..6]);
+        assert_eq!(
+            r.bytes(),
+            Err(WireError::Truncated {
+                offset: 4,
+                needed: 3
+            })
+        );
+        assert!(Reader::new(&[1, 2]).u32().is_err());
+    }
+
+    #[test]
+    fn trailing_bytes_are_reported() {
+        let mut r = Reader::new(&[1, 2]);
+        r.u8().unwrap();
+        assert!(r.finish().is_err());
+    }
+}
