@@ -8,7 +8,7 @@ use crate::metrics::{EngineMetrics, PartitionMetrics};
 use crate::partition::{self, Internal, Limits, PartitionShared, Request};
 use crate::projection::ProjectionRuntime;
 use crate::{AppId, CommandId, EngineError, PartitionId, Reply, StartError};
-use crossbeam_channel::{Sender, bounded};
+use crossbeam_channel::{Receiver, Sender, bounded};
 use prometheus_client::registry::Registry;
 use std::any::Any;
 use std::path::{Path, PathBuf};
@@ -306,17 +306,7 @@ impl Engine {
     /// Drains every partition, writes final snapshots, syncs the journals and waits for the threads.
     pub fn shutdown(self) -> Result<(), String> {
         let mut errors = Vec::new();
-        let waits: Vec<_> = self
-            .handle
-            .inner
-            .internal
-            .iter()
-            .map(|internal| {
-                let (done_tx, done_rx) = bounded(1);
-                let _ = internal.send(Internal::Shutdown(done_tx));
-                done_rx
-            })
-            .collect();
+        let waits = self.handle.broadcast(Internal::Shutdown);
         for (partition, wait) in waits.into_iter().enumerate() {
             match wait.recv() {
                 Ok(Ok(())) => {}
@@ -409,18 +399,25 @@ impl EngineHandle {
         reply.await.map_err(|_| EngineError::ShuttingDown)?
     }
 
-    /// Snapshots every partition now (blocking); for operators and tests.
-    pub fn snapshot_now(&self) -> Result<(), String> {
-        let waits: Vec<_> = self
-            .inner
+    /// Sends a control message to every partition; each answers on its own channel.
+    fn broadcast(
+        &self,
+        message: fn(Sender<Result<(), String>>) -> Internal,
+    ) -> Vec<Receiver<Result<(), String>>> {
+        self.inner
             .internal
             .iter()
             .map(|internal| {
                 let (done_tx, done_rx) = bounded(1);
-                let _ = internal.send(Internal::Snapshot(done_tx));
+                let _ = internal.send(message(done_tx));
                 done_rx
             })
-            .collect();
+            .collect()
+    }
+
+    /// Snapshots every partition now (blocking); for operators and tests.
+    pub fn snapshot_now(&self) -> Result<(), String> {
+        let waits = self.broadcast(Internal::Snapshot);
         for wait in waits {
             wait.recv().map_err(|_| "engine stopped".to_string())??;
         }
@@ -441,18 +438,9 @@ impl EngineHandle {
     /// Durable records not yet applied to `app`'s projection, over all partitions; `None` without one.
     pub fn projection_lag(&self, app: AppId) -> Option<u64> {
         let view = self.inner.projections.iter().find(|v| v.app == app)?;
-        let lag = self
-            .inner
-            .shared
-            .iter()
-            .zip(view.positions.iter())
-            .map(|(shared, position)| {
-                shared
-                    .durable_lsn
-                    .load(Ordering::Acquire)
-                    .saturating_sub(position.load(Ordering::Acquire))
-            })
-            .sum();
-        Some(lag)
+        Some(crate::projection::lag_records(
+            &self.inner.shared,
+            &view.positions,
+        ))
     }
 }

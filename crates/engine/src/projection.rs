@@ -142,18 +142,8 @@ impl ProjectionRuntime {
     }
 
     fn update_lag(&self) {
-        let lag: u64 = self
-            .partitions
-            .iter()
-            .zip(self.positions.iter())
-            .map(|(shared, position)| {
-                shared
-                    .durable_lsn
-                    .load(Ordering::Acquire)
-                    .saturating_sub(position.load(Ordering::Acquire))
-            })
-            .sum();
-        self.lag.set(lag as i64);
+        self.lag
+            .set(lag_records(&self.partitions, &self.positions) as i64);
     }
 
     fn checkpoint(&mut self) -> Result<(), JournalError> {
@@ -196,6 +186,20 @@ impl ProjectionRuntime {
             tracing::error!(projection = self.name, %error, "final projection checkpoint failed");
         }
     }
+}
+
+/// Durable records not yet applied by a projection at `positions`, over all partitions.
+pub(crate) fn lag_records(partitions: &[Arc<PartitionShared>], positions: &[AtomicU64]) -> u64 {
+    partitions
+        .iter()
+        .zip(positions)
+        .map(|(shared, position)| {
+            shared
+                .durable_lsn
+                .load(Ordering::Acquire)
+                .saturating_sub(position.load(Ordering::Acquire))
+        })
+        .sum()
 }
 
 fn file_name(name: &str) -> String {
