@@ -3,23 +3,7 @@
 mod support;
 
 use serde_json::{Value, json};
-use support::{Server, agent, get, post};
-
-fn post_raw(agent: &ureq::Agent, url: &str, body: Vec<u8>) -> (u16, Value) {
-    let mut response = agent
-        .post(url)
-        .header("content-type", "application/json")
-        .send(body)
-        .expect("answered");
-    let status = response.status().as_u16();
-    (
-        status,
-        response
-            .body_mut()
-            .read_json::<Value>()
-            .unwrap_or(Value::Null),
-    )
-}
+use support::{Server, agent, get, post, post_bytes};
 
 #[test]
 fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
@@ -64,7 +48,7 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
         ("oversized", vec![b' '; 5 * 1024 * 1024], 413, ""),
     ];
     for (what, body, status, mentions) in cases {
-        let (got, answer) = post_raw(&agent, &entries, body);
+        let (got, answer) = post_bytes(&agent, &entries, None, body).expect("answered");
         assert_eq!(got, status, "{what}: {answer}");
         if got != 413 {
             let message = answer["error"]["message"]

@@ -90,11 +90,26 @@ pub fn post(
     key: Option<&str>,
     body: &Value,
 ) -> Result<(u16, Value), ureq::Error> {
-    let mut request = agent.post(url);
+    post_bytes(
+        agent,
+        url,
+        key,
+        serde_json::to_vec(body).expect("JSON encodes"),
+    )
+}
+
+/// POSTs raw bytes as `application/json` (for malformed and oversized bodies).
+pub fn post_bytes(
+    agent: &ureq::Agent,
+    url: &str,
+    key: Option<&str>,
+    body: Vec<u8>,
+) -> Result<(u16, Value), ureq::Error> {
+    let mut request = agent.post(url).header("content-type", "application/json");
     if let Some(key) = key {
         request = request.header("Idempotency-Key", key);
     }
-    let mut response = request.send_json(body)?;
+    let mut response = request.send(body)?;
     let status = response.status().as_u16();
     let value = response
         .body_mut()
