@@ -2,7 +2,7 @@
 
 mod support;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use support::{Server, agent, get, post, post_bytes};
 
 #[test]
