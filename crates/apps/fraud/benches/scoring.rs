@@ -1,0 +1,48 @@
+//! Pure scoring on one core, no I/O: generated transactions against a generated 20-entry history per card.
+//! `cargo bench -p spate-fraud --bench scoring`
+
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use spate_fraud::generator::{HistoryGenerator, Seeds, TxnGenerator};
+use spate_fraud::history::{ENTRIES_PER_CARD_DEFAULT, HistoryStore, UNSCORED};
+use spate_fraud::rules::{CaseStudyRules, RuleSet};
+use std::hint::black_box;
+
+const CARDS: u32 = 1_000_000;
+const NOW_MS: u64 = 1_800_000_000_000;
+const BATCH: usize = 10_000;
+
+fn scoring(c: &mut Criterion) {
+    let seeds = Seeds::default();
+    let mut store = HistoryStore::new(ENTRIES_PER_CARD_DEFAULT);
+    store.reserve_cards(CARDS as usize);
+    for txn in HistoryGenerator::new(&seeds, CARDS, 20, NOW_MS) {
+        store.store(&txn, UNSCORED);
+    }
+    let mut generator = TxnGenerator::new(&seeds, CARDS);
+    let mut window = Vec::new();
+    let mut group = c.benchmark_group("fraud");
+    group.throughput(Throughput::Elements(BATCH as u64));
+    group.bench_function("score_and_store_1M_cards_x20", |b| {
+        b.iter_batched(
+            || (0..BATCH).map(|i| generator.next_txn(NOW_MS + i as u64)).collect::<Vec<_>>(),
+            |txns| {
+                for txn in &txns {
+                    black_box(store.score_and_store(txn, &CaseStudyRules, &mut window));
+                }
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    let history: Vec<_> = HistoryGenerator::new(&seeds, 1, 20, NOW_MS).collect();
+    let mut sorted = history.clone();
+    sorted.sort_by(|a, b| b.timestamp_ms().cmp(&a.timestamp_ms()));
+    let current = generator.next_txn(NOW_MS);
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("rules_only_20_entries", |b| {
+        b.iter(|| black_box(CaseStudyRules.score(black_box(&current), black_box(&sorted))))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, scoring);
+criterion_main!(benches);

@@ -1,0 +1,436 @@
+//! Per-card transaction history, packed: 24 bytes per stored transaction plus 8 per card, exact.
+//!
+//! A card's history is one allocation: an 8-byte base timestamp, then its entries newest first (among
+//! equal timestamps, the one stored later first). An entry keeps every field's exact text (values plus
+//! digit counts) and the verdict; the timestamp is an offset from the base. Entries more than 90 days
+//! older than the card's newest are dropped, so offsets stay far below their 34-bit limit. The
+//! allocation has exactly the size of the entries stored: memory grows with what is stored, not with the
+//! per-card cap.
+
+use crate::generator::HISTORY_WINDOW_MS;
+use crate::record::{Digits, Txn};
+use crate::rules::RuleSet;
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+
+pub const ENTRY_BYTES: usize = 24;
+const BASE_BYTES: usize = 8;
+const OFFSET_BITS: u32 = 34;
+/// The verdict stored with history that was imported rather than scored.
+pub const UNSCORED: u8 = 63;
+/// Default per-card cap on stored entries.
+pub const ENTRIES_PER_CARD_DEFAULT: usize = 32;
+/// A cap large enough for any test of the rules, small enough to bound the work per transaction.
+pub const ENTRIES_PER_CARD_MAX: usize = 4096;
+
+const _: () = assert!(HISTORY_WINDOW_MS < 1 << OFFSET_BITS);
+
+fn field(word: u128, shift: u32, bits: u32) -> u64 {
+    ((word >> shift) & ((1u128 << bits) - 1)) as u64
+}
+
+/// One packed entry. Layout of the low 128 bits (what scoring reads most):
+/// offset 34 | amount 31 | country 10 | merchant 14 | code 34 | code digits-1 4;
+/// high 64 bits: timestamp leading zeros 5 | amount leading zeros 4 | currency 10 | response 7 |
+/// city 17 | verdict 6.
+fn pack(txn: &Txn, verdict: u8, base_ms: u64) -> [u8; ENTRY_BYTES] {
+    let offset = txn.timestamp_ms() - base_ms;
+    debug_assert!(offset < 1 << OFFSET_BITS, "offset {offset} exceeds 34 bits");
+    debug_assert!(txn.validate().is_ok());
+    debug_assert!(verdict <= UNSCORED);
+    let low = u128::from(offset)
+        | u128::from(txn.amount.value) << 34
+        | u128::from(txn.country) << 65
+        | u128::from(txn.merchant) << 75
+        | u128::from(txn.code.value) << 89
+        | u128::from(txn.code.len - 1) << 123;
+    let high = u64::from(txn.timestamp.leading_zeros())
+        | u64::from(txn.amount.leading_zeros()) << 5
+        | u64::from(txn.currency) << 9
+        | u64::from(txn.response) << 19
+        | u64::from(txn.city) << 26
+        | u64::from(verdict) << 43;
+    let mut bytes = [0; ENTRY_BYTES];
+    bytes[..16].copy_from_slice(&low.to_le_bytes());
+    bytes[16..].copy_from_slice(&high.to_le_bytes());
+    bytes
+}
+
+fn low_word(entry: &[u8]) -> u128 {
+    u128::from_le_bytes(entry[..16].try_into().expect("16 bytes"))
+}
+
+fn timestamp_of(entry: &[u8], base_ms: u64) -> u64 {
+    base_ms + field(low_word(entry), 0, OFFSET_BITS)
+}
+
+fn unpack(entry: &[u8], base_ms: u64, card: u64) -> (Txn, u8) {
+    let low = low_word(entry);
+    let high = u64::from_le_bytes(entry[16..].try_into().expect("8 bytes"));
+    let with_zeros = |value: u64, zeros: u64| Digits {
+        value,
+        len: crate::record::digit_count(value) + zeros as u8,
+    };
+    let txn = Txn {
+        card,
+        timestamp: with_zeros(base_ms + field(low, 0, OFFSET_BITS), high & 0x1f),
+        country: field(low, 65, 10) as u16,
+        response: ((high >> 19) & 0x7f) as u8,
+        amount: with_zeros(field(low, 34, 31), (high >> 5) & 0xf),
+        currency: ((high >> 9) & 0x3ff) as u16,
+        merchant: field(low, 75, 14) as u16,
+        city: ((high >> 26) & 0x1_ffff) as u32,
+        code: Digits {
+            value: field(low, 89, 34),
+            len: field(low, 123, 4) as u8 + 1,
+        },
+    };
+    (txn, ((high >> 43) & 0x3f) as u8)
+}
+
+/// One card's packed history: base timestamp, then entries newest first.
+struct CardHistory<'a>(&'a [u8]);
+
+impl CardHistory<'_> {
+    fn base_ms(&self) -> u64 {
+        u64::from_le_bytes(self.0[..BASE_BYTES].try_into().expect("8 bytes"))
+    }
+
+    fn len(&self) -> usize {
+        (self.0.len() - BASE_BYTES) / ENTRY_BYTES
+    }
+
+    fn entry(&self, index: usize) -> &[u8] {
+        let start = BASE_BYTES + index * ENTRY_BYTES;
+        &self.0[start..start + ENTRY_BYTES]
+    }
+
+    fn timestamp(&self, index: usize) -> u64 {
+        timestamp_of(self.entry(index), self.base_ms())
+    }
+
+    fn decode_all(&self, card: u64) -> Vec<(Txn, u8)> {
+        (0..self.len())
+            .map(|i| unpack(self.entry(i), self.base_ms(), card))
+            .collect()
+    }
+}
+
+/// Every card's history on one partition.
+pub struct HistoryStore {
+    cards: HashMap<u64, Box<[u8]>, foldhash::fast::RandomState>,
+    entries_per_card_max: usize,
+    entries: u64,
+}
+
+impl HistoryStore {
+    pub fn new(entries_per_card_max: usize) -> Self {
+        assert!((1..=ENTRIES_PER_CARD_MAX).contains(&entries_per_card_max));
+        Self {
+            cards: HashMap::default(),
+            entries_per_card_max,
+            entries: 0,
+        }
+    }
+
+    pub fn cards(&self) -> usize {
+        self.cards.len()
+    }
+
+    pub fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    pub fn entries_per_card_max(&self) -> usize {
+        self.entries_per_card_max
+    }
+
+    /// Bytes held for histories: the packed allocations plus the map's slots (allocator overhead aside).
+    pub fn heap_bytes(&self) -> u64 {
+        let slot_bytes = (size_of::<u64>() + size_of::<Box<[u8]>>() + 1) as u64;
+        let packed: u64 = self.cards.values().map(|h| h.len() as u64).sum();
+        packed + self.cards.capacity() as u64 * slot_bytes
+    }
+
+    pub fn reserve_cards(&mut self, additional: usize) {
+        self.cards.reserve(additional);
+    }
+
+    /// Scores `txn` against its card's history with `rules`, then stores it with its verdict.
+    /// `window` is scratch space, reused across calls to avoid an allocation per transaction.
+    pub fn score_and_store(
+        &mut self,
+        txn: &Txn,
+        rules: &dyn RuleSet,
+        window: &mut Vec<Txn>,
+    ) -> u8 {
+        let t = txn.timestamp_ms();
+        window.clear();
+        if let Some(packed) = self.cards.get(&txn.card) {
+            let history = CardHistory(packed);
+            let base_ms = history.base_ms();
+            for index in 0..history.len() {
+                let entry = history.entry(index);
+                if timestamp_of(entry, base_ms) + HISTORY_WINDOW_MS <= t {
+                    break;
+                }
+                window.push(unpack(entry, base_ms, txn.card).0);
+            }
+        }
+        let verdict = rules.score(txn, window);
+        self.store(txn, verdict);
+        verdict
+    }
+
+    /// The card's stored history, newest first, with verdicts.
+    pub fn history(&self, card: u64) -> Vec<(Txn, u8)> {
+        self.cards
+            .get(&card)
+            .map(|packed| CardHistory(packed).decode_all(card))
+            .unwrap_or_default()
+    }
+
+    /// Stores `txn` with `verdict`, keeping the newest entries up to the cap and dropping those more than
+    /// 90 days older than the newest.
+    pub fn store(&mut self, txn: &Txn, verdict: u8) {
+        let t = txn.timestamp_ms();
+        let cap = self.entries_per_card_max;
+        let Some(packed) = self.cards.get_mut(&txn.card) else {
+            let mut fresh = Vec::with_capacity(BASE_BYTES + ENTRY_BYTES);
+            fresh.extend_from_slice(&t.to_le_bytes());
+            fresh.extend_from_slice(&pack(txn, verdict, t));
+            self.cards.insert(txn.card, fresh.into_boxed_slice());
+            self.entries += 1;
+            return;
+        };
+        let history = CardHistory(packed);
+        let base_ms = history.base_ms();
+        let len = history.len();
+        let newest_ms = history.timestamp(0).max(t);
+        let fits_base = t >= base_ms && t - base_ms < 1 << OFFSET_BITS;
+        if !fits_base {
+            self.entries -= len as u64;
+            let mut all = history.decode_all(txn.card);
+            let position = all
+                .iter()
+                .position(|(h, _)| h.timestamp_ms() <= t)
+                .unwrap_or(all.len());
+            all.insert(position, (*txn, verdict));
+            all.truncate(cap);
+            all.retain(|(h, _)| h.timestamp_ms() + HISTORY_WINDOW_MS > newest_ms);
+            self.entries += all.len() as u64;
+            if all.is_empty() {
+                self.cards.remove(&txn.card);
+            } else {
+                *packed = encode(&all);
+            }
+            return;
+        }
+        let position = (0..len)
+            .find(|&i| history.timestamp(i) <= t)
+            .unwrap_or(len);
+        if position == cap {
+            return; // Older than every entry of a full history: it would be the one dropped.
+        }
+        let entry = pack(txn, verdict, base_ms);
+        let mut bytes = std::mem::take(packed).into_vec();
+        let at = BASE_BYTES + position * ENTRY_BYTES;
+        if len < cap {
+            bytes.reserve_exact(ENTRY_BYTES);
+            bytes.splice(at..at, entry);
+            self.entries += 1;
+        } else {
+            let end = bytes.len() - ENTRY_BYTES;
+            bytes.copy_within(at..end, at + ENTRY_BYTES);
+            bytes[at..at + ENTRY_BYTES].copy_from_slice(&entry);
+        }
+        let mut kept = (bytes.len() - BASE_BYTES) / ENTRY_BYTES;
+        while kept > 1
+            && timestamp_of(&bytes[BASE_BYTES + (kept - 1) * ENTRY_BYTES..], base_ms)
+                + HISTORY_WINDOW_MS
+                <= newest_ms
+        {
+            kept -= 1;
+        }
+        let dropped = (bytes.len() - BASE_BYTES) / ENTRY_BYTES - kept;
+        if dropped > 0 {
+            bytes.truncate(BASE_BYTES + kept * ENTRY_BYTES);
+            self.entries -= dropped as u64;
+            // The newest entry is never older than 90 days before itself, so `kept` is at least 1; if
+            // it alone is stale relative to nothing, nothing is dropped.
+        }
+        *packed = bytes.into_boxed_slice();
+        debug_assert!(CardHistory(packed).len() <= cap);
+    }
+
+    pub fn write_snapshot(&self, out: &mut dyn Write) -> io::Result<()> {
+        out.write_all(&(self.entries_per_card_max as u64).to_le_bytes())?;
+        out.write_all(&(self.cards.len() as u64).to_le_bytes())?;
+        for (card, packed) in &self.cards {
+            out.write_all(&card.to_le_bytes())?;
+            out.write_all(&(packed.len() as u32).to_le_bytes())?;
+            out.write_all(packed)?;
+        }
+        Ok(())
+    }
+
+    pub fn restore(input: &mut dyn Read) -> io::Result<Self> {
+        let mut word = [0; 8];
+        input.read_exact(&mut word)?;
+        let cap = u64::from_le_bytes(word) as usize;
+        if !(1..=ENTRIES_PER_CARD_MAX).contains(&cap) {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "bad history cap"));
+        }
+        input.read_exact(&mut word)?;
+        let count = u64::from_le_bytes(word);
+        let mut store = Self::new(cap);
+        store.cards.reserve(count as usize);
+        let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+        for _ in 0..count {
+            input.read_exact(&mut word)?;
+            let card = u64::from_le_bytes(word);
+            let mut len = [0; 4];
+            input.read_exact(&mut len)?;
+            let len = u32::from_le_bytes(len) as usize;
+            if len < BASE_BYTES + ENTRY_BYTES
+                || (len - BASE_BYTES) % ENTRY_BYTES != 0
+                || len > BASE_BYTES + cap * ENTRY_BYTES
+            {
+                return Err(invalid("bad card history length"));
+            }
+            let mut packed = vec![0; len];
+            input.read_exact(&mut packed)?;
+            store.entries += ((len - BASE_BYTES) / ENTRY_BYTES) as u64;
+            store.cards.insert(card, packed.into_boxed_slice());
+        }
+        Ok(store)
+    }
+}
+
+/// Packs entries (newest first) with the oldest timestamp as the base.
+fn encode(entries: &[(Txn, u8)]) -> Box<[u8]> {
+    let base_ms = entries
+        .iter()
+        .map(|(t, _)| t.timestamp_ms())
+        .min()
+        .expect("at least one entry");
+    let mut bytes = Vec::with_capacity(BASE_BYTES + entries.len() * ENTRY_BYTES);
+    bytes.extend_from_slice(&base_ms.to_le_bytes());
+    for (txn, verdict) in entries {
+        bytes.extend_from_slice(&pack(txn, *verdict, base_ms));
+    }
+    bytes.into_boxed_slice()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::parse_body;
+    use crate::rules::CaseStudyRules;
+
+    const T: u64 = 1_800_000_000_000;
+
+    fn txn(card: u64, ts: u64, amount: u64) -> Txn {
+        Txn {
+            card,
+            timestamp: Digits::of(ts),
+            amount: Digits::of(amount),
+            code: Digits::padded(7, 5),
+            ..Txn::default()
+        }
+    }
+
+    #[test]
+    fn packing_keeps_every_field_exactly() {
+        let odd = parse_body(b"99999999999999,0001800000000000,999,99,0147483647,999,9999,99999,0000000001")
+            .unwrap();
+        let entry = pack(&odd, 49, T - 5);
+        assert_eq!(unpack(&entry, T - 5, odd.card), (odd, 49));
+        let plain = parse_body(b"00000000548985,1795294622406,185,00,3915,185,0485,08985,548985").unwrap();
+        assert_eq!(unpack(&pack(&plain, 0, plain.timestamp_ms()), plain.timestamp_ms(), plain.card), (plain, 0));
+    }
+
+    #[test]
+    fn keeps_newest_first_with_later_stored_first_among_equal_timestamps() {
+        let mut store = HistoryStore::new(8);
+        store.store(&txn(1, T, 1), 0);
+        store.store(&txn(1, T + 10, 2), 0);
+        store.store(&txn(1, T - 10, 3), 0);
+        store.store(&txn(1, T, 4), 0);
+        let amounts: Vec<u64> = store.history(1).iter().map(|(t, _)| t.amount.value).collect();
+        assert_eq!(amounts, [2, 4, 1, 3]);
+        assert_eq!(store.entries(), 4);
+    }
+
+    #[test]
+    fn the_cap_keeps_the_newest_and_memory_follows_what_is_stored() {
+        let mut store = HistoryStore::new(3);
+        for i in 0..5 {
+            store.store(&txn(1, T + i, i), 0);
+        }
+        let amounts: Vec<u64> = store.history(1).iter().map(|(t, _)| t.amount.value).collect();
+        assert_eq!(amounts, [4, 3, 2]);
+        store.store(&txn(1, T - 100, 99), 0);
+        assert_eq!(store.history(1).len(), 3, "an entry older than a full history is not kept");
+        store.store(&txn(2, T, 1), 0);
+        assert_eq!(store.entries(), 4);
+        assert_eq!(store.cards(), 2);
+        let packed: usize = store.cards.values().map(|h| h.len()).sum();
+        assert_eq!(packed, 2 * BASE_BYTES + 4 * ENTRY_BYTES);
+    }
+
+    #[test]
+    fn entries_older_than_90_days_before_the_newest_are_dropped_and_rebasing_is_exact() {
+        let mut store = HistoryStore::new(32);
+        store.store(&txn(1, T, 1), 0);
+        store.store(&txn(1, T + HISTORY_WINDOW_MS - 1, 2), 0);
+        assert_eq!(store.history(1).len(), 2);
+        store.store(&txn(1, T + HISTORY_WINDOW_MS, 3), 0);
+        let amounts: Vec<u64> = store.history(1).iter().map(|(t, _)| t.amount.value).collect();
+        assert_eq!(amounts, [3, 2]);
+        // Far in the future: everything before is dropped and the base moves.
+        store.store(&txn(1, T + 1000 * HISTORY_WINDOW_MS, 4), 0);
+        store.store(&txn(1, T + 1000 * HISTORY_WINDOW_MS - 5, 5), 0);
+        let kept: Vec<(u64, u64)> = store
+            .history(1)
+            .iter()
+            .map(|(t, _)| (t.timestamp_ms(), t.amount.value))
+            .collect();
+        assert_eq!(kept, [(T + 1000 * HISTORY_WINDOW_MS, 4), (T + 1000 * HISTORY_WINDOW_MS - 5, 5)]);
+        assert_eq!(store.entries(), 2);
+    }
+
+    #[test]
+    fn scoring_sees_only_the_90_day_window_and_stores_the_verdict() {
+        let mut store = HistoryStore::new(32);
+        store.store(&txn(1, T, 100), UNSCORED);
+        let mut window = Vec::new();
+        // Rule 36: above the average of the last 60 days.
+        let verdict = store.score_and_store(&txn(1, T + 1000, 101), &CaseStudyRules, &mut window);
+        assert_eq!(verdict, 36);
+        assert_eq!(window.len(), 1);
+        let stored = store.history(1);
+        assert_eq!((stored[0].1, stored[1].1), (36, UNSCORED));
+        let later = T + HISTORY_WINDOW_MS + 1000;
+        store.score_and_store(&txn(1, later, 101), &CaseStudyRules, &mut window);
+        assert!(window.is_empty(), "both earlier entries are 90 days old");
+    }
+
+    #[test]
+    fn snapshot_round_trip() {
+        let mut store = HistoryStore::new(4);
+        for card in 0..50 {
+            for i in 0..(card % 7) {
+                store.store(&txn(card, T + i * 1000, card * 10 + i), (i % 50) as u8);
+            }
+        }
+        let mut bytes = Vec::new();
+        store.write_snapshot(&mut bytes).unwrap();
+        let restored = HistoryStore::restore(&mut bytes.as_slice()).unwrap();
+        assert_eq!(restored.entries(), store.entries());
+        for card in 0..50 {
+            assert_eq!(restored.history(card), store.history(card));
+        }
+        assert!(HistoryStore::restore(&mut &bytes[..bytes.len() - 1]).is_err());
+    }
+}
