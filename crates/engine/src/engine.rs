@@ -80,6 +80,22 @@ struct Inner {
 }
 
 /// What request handlers hold: cheap to clone, usable from any thread or task.
+/// A queued command; [`Pending::reply`] resolves once it is applied and durable.
+pub struct Pending(tokio::sync::oneshot::Receiver<Result<Reply, EngineError>>);
+
+impl Pending {
+    pub async fn reply(self) -> Result<Reply, EngineError> {
+        self.0.await.map_err(|_| EngineError::ShuttingDown)?
+    }
+}
+
+/// A command the engine did not queue, with its payload handed back.
+#[derive(Debug)]
+pub struct Refused {
+    pub error: EngineError,
+    pub payload: Vec<u8>,
+}
+
 #[derive(Clone)]
 pub struct EngineHandle {
     inner: Arc<Inner>,
@@ -356,19 +372,37 @@ impl EngineHandle {
         command_id: Option<CommandId>,
         payload: Vec<u8>,
     ) -> Result<Reply, EngineError> {
+        match self.enqueue(partition, app, command_id, payload) {
+            Ok(pending) => pending.reply().await,
+            Err(refused) => Err(refused.error),
+        }
+    }
+
+    /// Queues a command now, without waiting for it to be applied. Commands enqueued one after another
+    /// on a partition are applied in that order, which is what streams rely on. A refused command comes
+    /// back with its payload, so the caller can retry it (for example after [`EngineError::Overloaded`]).
+    pub fn enqueue(
+        &self,
+        partition: PartitionId,
+        app: AppId,
+        command_id: Option<CommandId>,
+        payload: Vec<u8>,
+    ) -> Result<Pending, Refused> {
         let (reply_to, reply) = tokio::sync::oneshot::channel();
         let (queue, metrics) = self.queue(partition);
-        partition::offer(
-            queue,
-            Request::Command {
-                app,
-                command_id,
-                payload,
-                reply_to,
-            },
-            metrics,
-        )?;
-        reply.await.map_err(|_| EngineError::ShuttingDown)?
+        let request = Request::Command {
+            app,
+            command_id,
+            payload,
+            reply_to,
+        };
+        match partition::offer(queue, request, metrics) {
+            Ok(()) => Ok(Pending(reply)),
+            Err((error, Request::Command { payload, .. })) => Err(Refused { error, payload }),
+            Err((error, Request::Query(_))) => {
+                unreachable!("offered a command, got back {error:?} with a query")
+            }
+        }
     }
 
     /// Runs `read` on the partition's state of `app` (of type `S`), in order with the commands queued
@@ -395,7 +429,7 @@ impl EngineHandle {
             })
         });
         let (queue, metrics) = self.queue(partition);
-        partition::offer(queue, Request::Query(query), metrics)?;
+        partition::offer(queue, Request::Query(query), metrics).map_err(|(error, _)| error)?;
         reply.await.map_err(|_| EngineError::ShuttingDown)?
     }
 

@@ -16,7 +16,7 @@ pub mod snapshot;
 pub mod wire;
 
 pub use app::{AppSpec, Command, Effects, NewState, Projection, RestoreState, StateMachine};
-pub use engine::{Engine, EngineConfig, EngineHandle, Health};
+pub use engine::{Engine, EngineConfig, EngineHandle, Health, Pending, Refused};
 pub use journal::{Durability, JournalConfig, Lsn};
 pub use record::{Envelope, Origin};
 

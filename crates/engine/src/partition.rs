@@ -571,17 +571,18 @@ impl WriterThread {
 }
 
 /// Offers a request to a partition queue without waiting: a full queue is the caller's signal to back off.
+/// Queues `request` without blocking; on refusal hands it back so the caller can retry or drop it.
 pub(crate) fn offer(
     queue: &Sender<Request>,
     request: Request,
     metrics: &PartitionMetrics,
-) -> Result<(), EngineError> {
+) -> Result<(), (EngineError, Request)> {
     match queue.try_send(request) {
         Ok(()) => Ok(()),
-        Err(TrySendError::Full(_)) => {
+        Err(TrySendError::Full(request)) => {
             metrics.rejected_overloaded.inc();
-            Err(EngineError::Overloaded)
+            Err((EngineError::Overloaded, request))
         }
-        Err(TrySendError::Disconnected(_)) => Err(EngineError::ShuttingDown),
+        Err(TrySendError::Disconnected(request)) => Err((EngineError::ShuttingDown, request)),
     }
 }

@@ -16,10 +16,15 @@ pub use api::{ApiError, ApiJson};
 /// Requests larger than this are refused with 413 before any parsing.
 pub const REQUEST_BYTES_MAX: usize = 4 * 1024 * 1024;
 
+/// Builds an app's routes once the engine runs; it may register metrics and start listeners of its own
+/// (it runs inside the async runtime). An error stops the server before it accepts anything.
+pub type RoutesBuilder =
+    Box<dyn FnOnce(EngineHandle, &mut Registry) -> Result<Router, String> + Send>;
+
 /// How an app plugs in: its engine spec and, once the engine runs, its routes.
 pub struct AppModule {
     pub spec: AppSpec,
-    pub routes: Box<dyn FnOnce(EngineHandle) -> Router + Send>,
+    pub routes: RoutesBuilder,
 }
 
 pub struct ServerConfig {
@@ -37,12 +42,18 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     let engine = Engine::start(config.engine, specs, &mut registry).map_err(|e| e.to_string())?;
     let handle = engine.handle();
     let http_metrics = observe::HttpMetrics::register(&mut registry);
-
-    let mut router = observe::routes(handle.clone(), Arc::new(registry));
+    let mut app_routes = Router::new();
     for build in route_builders {
-        router = router.merge(build(handle.clone()));
+        match build(handle.clone(), &mut registry) {
+            Ok(routes) => app_routes = app_routes.merge(routes),
+            Err(error) => {
+                let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
+                return Err(error);
+            }
+        }
     }
-    let router = router
+    let router = observe::routes(handle.clone(), Arc::new(registry))
+        .merge(app_routes)
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(axum::middleware::from_fn_with_state(
             http_metrics,

@@ -59,16 +59,43 @@ pub struct ServeArgs {
     /// Most command ids remembered per partition [default: 1000000]
     #[arg(long, env = "SPATE_IDEMPOTENCY_ENTRIES_MAX")]
     idempotency_entries_max: Option<usize>,
+    /// fraud: address of the acknowledged record stream, or "off" [default: 127.0.0.1:8090]
+    #[arg(long, env = "SPATE_FRAUD_STREAM_LISTEN")]
+    fraud_stream_listen: Option<String>,
+    /// fraud: file with the AES-256 key for card data at rest; created if missing
+    /// [default: <data-dir>/fraud.key]
+    #[arg(long, env = "SPATE_FRAUD_KEY_FILE")]
+    fraud_key_file: Option<PathBuf>,
+    /// fraud: most transactions kept per card [default: 32]
+    #[arg(long, env = "SPATE_FRAUD_ENTRIES_PER_CARD")]
+    fraud_entries_per_card: Option<usize>,
+}
+
+/// Options of individual apps, resolved like the engine's.
+pub struct AppOptions {
+    fraud_stream_listen: Option<SocketAddr>,
+    fraud_key_file: PathBuf,
+    fraud_entries_per_card: usize,
 }
 
 /// Every app this binary can run, by name.
-const APPS: &[&str] = &[spate_tally::APP_NAME];
+const APPS: &[&str] = &[spate_fraud::APP_NAME, spate_tally::APP_NAME];
 
-pub fn modules(names: &[String]) -> anyhow::Result<Vec<AppModule>> {
+pub fn modules(names: &[String], options: &AppOptions) -> anyhow::Result<Vec<AppModule>> {
     names
         .iter()
         .map(|name| match name.as_str() {
             spate_tally::APP_NAME => Ok(spate_tally::module()),
+            spate_fraud::APP_NAME => {
+                let key = spate_fraud::cipher::load_or_create_key(&options.fraud_key_file)
+                    .with_context(|| {
+                        format!("fraud key file {}", options.fraud_key_file.display())
+                    })?;
+                let mut config = spate_fraud::FraudConfig::new(key);
+                config.stream_listen = options.fraud_stream_listen;
+                config.entries_per_card_max = options.fraud_entries_per_card;
+                Ok(spate_fraud::module(config))
+            }
             other => bail!("unknown app {other:?}; known apps: {}", APPS.join(", ")),
         })
         .collect()
@@ -82,7 +109,7 @@ macro_rules! merge {
 
 impl ServeArgs {
     /// Merges the config file under the command line and environment, and applies the defaults.
-    pub fn resolve(mut self) -> anyhow::Result<(ServerConfig, Vec<String>)> {
+    pub fn resolve(mut self) -> anyhow::Result<(ServerConfig, Vec<String>, AppOptions)> {
         if let Some(path) = &self.config {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
@@ -101,11 +128,37 @@ impl ServeArgs {
                 snapshot_interval_records,
                 queue_capacity,
                 idempotency_window_ms,
-                idempotency_entries_max
+                idempotency_entries_max,
+                fraud_stream_listen,
+                fraud_key_file,
+                fraud_entries_per_card
             );
         }
-        let mut engine =
-            EngineConfig::new(self.data_dir.unwrap_or_else(|| PathBuf::from("./data")));
+        let data_dir = self.data_dir.unwrap_or_else(|| PathBuf::from("./data"));
+        let fraud_stream_listen = match self.fraud_stream_listen.as_deref() {
+            None => Some(SocketAddr::from(([127, 0, 0, 1], 8090))),
+            Some("off") => None,
+            Some(text) => Some(text.parse().with_context(|| {
+                format!("--fraud-stream-listen {text:?} is not an address or \"off\"")
+            })?),
+        };
+        let entries_per_card = self
+            .fraud_entries_per_card
+            .unwrap_or(spate_fraud::history::ENTRIES_PER_CARD_DEFAULT);
+        if !(1..=spate_fraud::history::ENTRIES_PER_CARD_MAX).contains(&entries_per_card) {
+            bail!(
+                "--fraud-entries-per-card must be 1..={}",
+                spate_fraud::history::ENTRIES_PER_CARD_MAX
+            );
+        }
+        let app_options = AppOptions {
+            fraud_stream_listen,
+            fraud_key_file: self
+                .fraud_key_file
+                .unwrap_or_else(|| data_dir.join("fraud.key")),
+            fraud_entries_per_card: entries_per_card,
+        };
+        let mut engine = EngineConfig::new(data_dir);
         if let Some(partitions) = self.partitions {
             if partitions == 0 {
                 bail!("--partitions must be at least 1");
@@ -140,6 +193,6 @@ impl ServeArgs {
         let apps = self
             .apps
             .unwrap_or_else(|| APPS.iter().map(|s| s.to_string()).collect());
-        Ok((ServerConfig { listen, engine }, apps))
+        Ok((ServerConfig { listen, engine }, apps, app_options))
     }
 }

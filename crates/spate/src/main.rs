@@ -1,6 +1,7 @@
 //! The `spate` command line: parses options and wires the server, the engine and the apps together.
 
 mod config;
+mod fraud_cli;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -20,6 +21,9 @@ struct Cli {
 enum Commands {
     /// Run the server: the engine with the enabled apps behind HTTP.
     Serve(config::ServeArgs),
+    /// The fraud app's tools: generator, offline scoring, stream producers.
+    #[command(subcommand)]
+    Fraud(fraud_cli::FraudCommand),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -31,8 +35,8 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Commands::Serve(args) => {
-            let (server_config, app_names) = args.resolve()?;
-            let modules = config::modules(&app_names)?;
+            let (server_config, app_names, app_options) = args.resolve()?;
+            let modules = config::modules(&app_names, &app_options)?;
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -41,5 +45,6 @@ fn main() -> anyhow::Result<()> {
                 .block_on(spate_server::serve(server_config, modules))
                 .map_err(anyhow::Error::msg)
         }
+        Commands::Fraud(command) => fraud_cli::run(command),
     }
 }

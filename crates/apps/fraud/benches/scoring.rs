@@ -24,7 +24,11 @@ fn scoring(c: &mut Criterion) {
     group.throughput(Throughput::Elements(BATCH as u64));
     group.bench_function("score_and_store_1M_cards_x20", |b| {
         b.iter_batched(
-            || (0..BATCH).map(|i| generator.next_txn(NOW_MS + i as u64)).collect::<Vec<_>>(),
+            || {
+                (0..BATCH)
+                    .map(|i| generator.next_txn(NOW_MS + i as u64))
+                    .collect::<Vec<_>>()
+            },
             |txns| {
                 for txn in &txns {
                     black_box(store.score_and_store(txn, &CaseStudyRules, &mut window));
@@ -35,7 +39,7 @@ fn scoring(c: &mut Criterion) {
     });
     let history: Vec<_> = HistoryGenerator::new(&seeds, 1, 20, NOW_MS).collect();
     let mut sorted = history.clone();
-    sorted.sort_by(|a, b| b.timestamp_ms().cmp(&a.timestamp_ms()));
+    sorted.sort_by_key(|h| std::cmp::Reverse(h.timestamp_ms()));
     let current = generator.next_txn(NOW_MS);
     group.throughput(Throughput::Elements(1));
     group.bench_function("rules_only_20_entries", |b| {

@@ -158,12 +158,7 @@ impl HistoryStore {
 
     /// Scores `txn` against its card's history with `rules`, then stores it with its verdict.
     /// `window` is scratch space, reused across calls to avoid an allocation per transaction.
-    pub fn score_and_store(
-        &mut self,
-        txn: &Txn,
-        rules: &dyn RuleSet,
-        window: &mut Vec<Txn>,
-    ) -> u8 {
+    pub fn score_and_store(&mut self, txn: &Txn, rules: &dyn RuleSet, window: &mut Vec<Txn>) -> u8 {
         let t = txn.timestamp_ms();
         window.clear();
         if let Some(packed) = self.cards.get(&txn.card) {
@@ -226,9 +221,7 @@ impl HistoryStore {
             }
             return;
         }
-        let position = (0..len)
-            .find(|&i| history.timestamp(i) <= t)
-            .unwrap_or(len);
+        let position = (0..len).find(|&i| history.timestamp(i) <= t).unwrap_or(len);
         if position == cap {
             return; // Older than every entry of a full history: it would be the one dropped.
         }
@@ -279,7 +272,10 @@ impl HistoryStore {
         input.read_exact(&mut word)?;
         let cap = u64::from_le_bytes(word) as usize;
         if !(1..=ENTRIES_PER_CARD_MAX).contains(&cap) {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "bad history cap"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "bad history cap",
+            ));
         }
         input.read_exact(&mut word)?;
         let count = u64::from_le_bytes(word);
@@ -293,7 +289,7 @@ impl HistoryStore {
             input.read_exact(&mut len)?;
             let len = u32::from_le_bytes(len) as usize;
             if len < BASE_BYTES + ENTRY_BYTES
-                || (len - BASE_BYTES) % ENTRY_BYTES != 0
+                || !(len - BASE_BYTES).is_multiple_of(ENTRY_BYTES)
                 || len > BASE_BYTES + cap * ENTRY_BYTES
             {
                 return Err(invalid("bad card history length"));
@@ -342,12 +338,22 @@ mod tests {
 
     #[test]
     fn packing_keeps_every_field_exactly() {
-        let odd = parse_body(b"99999999999999,0001800000000000,999,99,0147483647,999,9999,99999,0000000001")
-            .unwrap();
+        let odd = parse_body(
+            b"99999999999999,0001800000000000,999,99,0147483647,999,9999,99999,0000000001",
+        )
+        .unwrap();
         let entry = pack(&odd, 49, T - 5);
         assert_eq!(unpack(&entry, T - 5, odd.card), (odd, 49));
-        let plain = parse_body(b"00000000548985,1795294622406,185,00,3915,185,0485,08985,548985").unwrap();
-        assert_eq!(unpack(&pack(&plain, 0, plain.timestamp_ms()), plain.timestamp_ms(), plain.card), (plain, 0));
+        let plain =
+            parse_body(b"00000000548985,1795294622406,185,00,3915,185,0485,08985,548985").unwrap();
+        assert_eq!(
+            unpack(
+                &pack(&plain, 0, plain.timestamp_ms()),
+                plain.timestamp_ms(),
+                plain.card
+            ),
+            (plain, 0)
+        );
     }
 
     #[test]
@@ -357,7 +363,11 @@ mod tests {
         store.store(&txn(1, T + 10, 2), 0);
         store.store(&txn(1, T - 10, 3), 0);
         store.store(&txn(1, T, 4), 0);
-        let amounts: Vec<u64> = store.history(1).iter().map(|(t, _)| t.amount.value).collect();
+        let amounts: Vec<u64> = store
+            .history(1)
+            .iter()
+            .map(|(t, _)| t.amount.value)
+            .collect();
         assert_eq!(amounts, [2, 4, 1, 3]);
         assert_eq!(store.entries(), 4);
     }
@@ -368,10 +378,18 @@ mod tests {
         for i in 0..5 {
             store.store(&txn(1, T + i, i), 0);
         }
-        let amounts: Vec<u64> = store.history(1).iter().map(|(t, _)| t.amount.value).collect();
+        let amounts: Vec<u64> = store
+            .history(1)
+            .iter()
+            .map(|(t, _)| t.amount.value)
+            .collect();
         assert_eq!(amounts, [4, 3, 2]);
         store.store(&txn(1, T - 100, 99), 0);
-        assert_eq!(store.history(1).len(), 3, "an entry older than a full history is not kept");
+        assert_eq!(
+            store.history(1).len(),
+            3,
+            "an entry older than a full history is not kept"
+        );
         store.store(&txn(2, T, 1), 0);
         assert_eq!(store.entries(), 4);
         assert_eq!(store.cards(), 2);
@@ -386,7 +404,11 @@ mod tests {
         store.store(&txn(1, T + HISTORY_WINDOW_MS - 1, 2), 0);
         assert_eq!(store.history(1).len(), 2);
         store.store(&txn(1, T + HISTORY_WINDOW_MS, 3), 0);
-        let amounts: Vec<u64> = store.history(1).iter().map(|(t, _)| t.amount.value).collect();
+        let amounts: Vec<u64> = store
+            .history(1)
+            .iter()
+            .map(|(t, _)| t.amount.value)
+            .collect();
         assert_eq!(amounts, [3, 2]);
         // Far in the future: everything before is dropped and the base moves.
         store.store(&txn(1, T + 1000 * HISTORY_WINDOW_MS, 4), 0);
@@ -396,7 +418,13 @@ mod tests {
             .iter()
             .map(|(t, _)| (t.timestamp_ms(), t.amount.value))
             .collect();
-        assert_eq!(kept, [(T + 1000 * HISTORY_WINDOW_MS, 4), (T + 1000 * HISTORY_WINDOW_MS - 5, 5)]);
+        assert_eq!(
+            kept,
+            [
+                (T + 1000 * HISTORY_WINDOW_MS, 4),
+                (T + 1000 * HISTORY_WINDOW_MS - 5, 5)
+            ]
+        );
         assert_eq!(store.entries(), 2);
     }
 

@@ -165,7 +165,10 @@ impl Txn {
     pub fn write_record(&self, out: &mut Vec<u8>) {
         let start = out.len();
         self.write_body(out);
-        debug_assert!(out.len() - start < RECORD_BYTES, "a body is at most 78 bytes");
+        debug_assert!(
+            out.len() - start < RECORD_BYTES,
+            "a body is at most 78 bytes"
+        );
         out.resize(start + RECORD_BYTES - 1, 0);
         out.push(b'\n');
     }
@@ -173,7 +176,8 @@ impl Txn {
     pub fn to_record(&self) -> [u8; RECORD_BYTES] {
         let mut out = Vec::with_capacity(RECORD_BYTES);
         self.write_record(&mut out);
-        out.try_into().expect("write_record writes exactly RECORD_BYTES")
+        out.try_into()
+            .expect("write_record writes exactly RECORD_BYTES")
     }
 
     /// Checks the widths and ranges a parsed record guarantees, for values built some other way (JSON).
@@ -266,7 +270,17 @@ pub fn parse_body(body: &[u8]) -> Result<Txn, RecordError> {
     for (index, text) in body.split(|&b| b == b',').enumerate() {
         fields[index] = parse_field(index, text)?;
     }
-    let [card, timestamp, country, response, amount, currency, merchant, city, code] = fields;
+    let [
+        card,
+        timestamp,
+        country,
+        response,
+        amount,
+        currency,
+        merchant,
+        city,
+        code,
+    ] = fields;
     if amount.value > AMOUNT_MAX {
         return Err(RecordError::AmountTooLarge);
     }

@@ -32,6 +32,6 @@ pub fn module() -> AppModule {
     };
     AppModule {
         spec,
-        routes: Box::new(move |engine| http::routes(engine, totals)),
+        routes: Box::new(move |engine, _| Ok(http::routes(engine, totals))),
     }
 }

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 pub struct Server {
     child: Child,
     pub base: String,
+    /// The fraud stream address, when the server announced one.
+    pub stream: Option<String>,
 }
 
 impl Server {
@@ -20,9 +22,15 @@ impl Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_spate"));
         command
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data_dir)
+            .arg(data_dir);
+        // Tests run in parallel: never the default stream port.
+        if !extra.contains(&"--fraud-stream-listen") {
+            command.args(["--fraud-stream-listen", "127.0.0.1:0"]);
+        }
+        command
             .args(extra)
             .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         if let Some(limit) = file_bytes_max {
@@ -45,16 +53,28 @@ impl Server {
         }
         let mut child = command.spawn().expect("spawn spate");
         let stdout = child.stdout.take().expect("piped stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read the listening line");
-        let base = line
-            .trim()
-            .strip_prefix("spate listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line from spate: {line:?}"))
-            .to_string();
-        Self { child, base }
+        let mut stdout = BufReader::new(stdout);
+        let mut stream = None;
+        let base = loop {
+            let mut line = String::new();
+            stdout
+                .read_line(&mut line)
+                .expect("read spate's announcements");
+            if let Some(address) = line.trim().strip_prefix("spate fraud stream on ") {
+                stream = Some(address.to_string());
+            } else {
+                break line
+                    .trim()
+                    .strip_prefix("spate listening on ")
+                    .unwrap_or_else(|| panic!("unexpected line from spate: {line:?}"))
+                    .to_string();
+            }
+        };
+        Self {
+            child,
+            base,
+            stream,
+        }
     }
 
     pub fn kill9(mut self) {

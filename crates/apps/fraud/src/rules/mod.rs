@@ -122,18 +122,15 @@ fn current_only_hits(c: &Txn) -> u64 {
     let march_25 = month == 3 && day == 25;
     let card_is_100 = card_is(c.card, "00004000222100");
     let card_is_333 = card_is(c.card, "00004000222333");
-    let long_literals = card_is(c.card, "000112340000444444")
-        || fixed_width_is(country, 3, "003300030044442211");
+    let long_literals =
+        card_is(c.card, "000112340000444444") || fixed_width_is(country, 3, "003300030044442211");
     let rules = [
         (1, country == 111 && amount > 200_000 && merchant == 22),
         (2, country == 121 && c.response != 0),
         (3, merchant == 11 && amount > 1000 && c.currency == 11),
         (4, amount > 100_000 && code.is("1000")),
         (5, amount > 100_000 && card_is_100),
-        (
-            6,
-            card_is(c.card, "000112340000444422") && merchant == 2000,
-        ),
+        (6, card_is(c.card, "000112340000444422") && merchant == 2000),
         (7, (merchant == 1 || merchant == 2222) && country == 221),
         (8, code.is("3333") && amount > 10_000 && merchant == 2222),
         (9, night && amount >= 10_000),
@@ -311,8 +308,16 @@ fn history_hits(c: &Txn, history: &[Txn]) -> u64 {
     let card_is_333 = card_is(c.card, "00004000222333");
     let code_3344 = c.code.is("3344");
     let rule_25_family = |s: Tally| {
-        let s1 = if merchant == 11 && c.currency == 11 { s.sum } else { 0 };
-        let s2 = if merchant == 11 && c.currency == 22 { s.sum } else { 0 };
+        let s1 = if merchant == 11 && c.currency == 11 {
+            s.sum
+        } else {
+            0
+        };
+        let s2 = if merchant == 11 && c.currency == 22 {
+            s.sum
+        } else {
+            0
+        };
         s1 > 10_000 || s2 > 20_000
     };
     let rules = [
@@ -339,23 +344,14 @@ fn history_hits(c: &Txn, history: &[Txn]) -> u64 {
         (38, sliding_70d.above_average_or_sum(amount, 200_000)),
         (39, sliding_90d.above_average_or_sum(amount, 330_000)),
         (40, sliding_90d.above_average_or_sum(amount, 1_110_000)),
-        (
-            41,
-            big_from_001_10d && c.country == 2 && amount > 1000,
-        ),
-        (
-            42,
-            big_not_from_001_10d && c.country == 2 && amount > 1000,
-        ),
+        (41, big_from_001_10d && c.country == 2 && amount > 1000),
+        (42, big_not_from_001_10d && c.country == 2 && amount > 1000),
         (
             43,
             second_amount.is_some_and(|a| a <= 100) && amount >= 10_000,
         ),
         (44, low_country_44 && amount > 10_000),
-        (
-            45,
-            merchant_22_1d > 10 && amount > 1000 && merchant == 33,
-        ),
+        (45, merchant_22_1d > 10 && amount > 1000 && merchant == 33),
         (46, rule_46 && amount > 20_000),
         (47, sum_47 > 10_000 && c.country == 122),
         (

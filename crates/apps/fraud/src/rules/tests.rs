@@ -56,10 +56,7 @@ fn fires(rule: u32, c: &Txn, history: &[Txn]) -> bool {
 }
 
 fn check(rule: u32, firing: (Txn, Vec<Txn>), quiet: (Txn, Vec<Txn>)) {
-    assert!(
-        fires(rule, &firing.0, &firing.1),
-        "rule {rule} should fire"
-    );
+    assert!(fires(rule, &firing.0, &firing.1), "rule {rule} should fire");
     assert!(
         !fires(rule, &quiet.0, &quiet.1),
         "rule {rule} should not fire"
@@ -82,99 +79,304 @@ fn rules_1_to_20_read_only_the_current_transaction() {
     let c = current(T);
     check(
         1,
-        (with(c, |t| { t.country = 111; t.amount = amount(200_001); t.merchant = 22 }), vec![]),
-        (with(c, |t| { t.country = 111; t.amount = amount(200_000); t.merchant = 22 }), vec![]),
+        (
+            with(c, |t| {
+                t.country = 111;
+                t.amount = amount(200_001);
+                t.merchant = 22
+            }),
+            vec![],
+        ),
+        (
+            with(c, |t| {
+                t.country = 111;
+                t.amount = amount(200_000);
+                t.merchant = 22
+            }),
+            vec![],
+        ),
     );
     check(
         2,
-        (with(c, |t| { t.country = 121; t.response = 5 }), vec![]),
-        (with(c, |t| { t.country = 121; t.response = 0 }), vec![]),
+        (
+            with(c, |t| {
+                t.country = 121;
+                t.response = 5
+            }),
+            vec![],
+        ),
+        (
+            with(c, |t| {
+                t.country = 121;
+                t.response = 0
+            }),
+            vec![],
+        ),
     );
     check(
         3,
-        (with(c, |t| { t.merchant = 11; t.amount = amount(1001); t.currency = 11 }), vec![]),
-        (with(c, |t| { t.merchant = 11; t.amount = amount(1001); t.currency = 12 }), vec![]),
+        (
+            with(c, |t| {
+                t.merchant = 11;
+                t.amount = amount(1001);
+                t.currency = 11
+            }),
+            vec![],
+        ),
+        (
+            with(c, |t| {
+                t.merchant = 11;
+                t.amount = amount(1001);
+                t.currency = 12
+            }),
+            vec![],
+        ),
     );
     check(
         4,
-        (with(c, |t| { t.amount = amount(100_001); t.code = digits("1000") }), vec![]),
-        (with(c, |t| { t.amount = amount(100_001); t.code = digits("01000") }), vec![]),
+        (
+            with(c, |t| {
+                t.amount = amount(100_001);
+                t.code = digits("1000")
+            }),
+            vec![],
+        ),
+        (
+            with(c, |t| {
+                t.amount = amount(100_001);
+                t.code = digits("01000")
+            }),
+            vec![],
+        ),
     );
     check(
         5,
-        (with(c, |t| { t.amount = amount(100_001); t.card = 4_000_222_100 }), vec![]),
-        (with(c, |t| { t.amount = amount(100_001); t.card = 4_000_222_101 }), vec![]),
+        (
+            with(c, |t| {
+                t.amount = amount(100_001);
+                t.card = 4_000_222_100
+            }),
+            vec![],
+        ),
+        (
+            with(c, |t| {
+                t.amount = amount(100_001);
+                t.card = 4_000_222_101
+            }),
+            vec![],
+        ),
     );
     // Rules 6, 13 and 14 compare with 18-digit literals, which no 14-digit card or 3-digit country equals;
     // not even the literal's last 14 digits do.
     for (rule, merchant) in [(6, 2000), (13, 2200), (14, 1)] {
-        let c = with(c, |t| { t.card = 12_340_000_444_422; t.merchant = merchant });
+        let c = with(c, |t| {
+            t.card = 12_340_000_444_422;
+            t.merchant = merchant
+        });
         assert!(!fires(rule, &c, &[]));
         let c = with(c, |t| t.card = 12_340_000_444_444);
         assert!(!fires(rule, &c, &[]));
     }
     check(
         7,
-        (with(c, |t| { t.merchant = 2222; t.country = 221 }), vec![]),
-        (with(c, |t| { t.merchant = 2222; t.country = 222 }), vec![]),
+        (
+            with(c, |t| {
+                t.merchant = 2222;
+                t.country = 221
+            }),
+            vec![],
+        ),
+        (
+            with(c, |t| {
+                t.merchant = 2222;
+                t.country = 222
+            }),
+            vec![],
+        ),
     );
     check(
         8,
-        (with(c, |t| { t.code = digits("3333"); t.amount = amount(10_001); t.merchant = 2222 }), vec![]),
-        (with(c, |t| { t.code = digits("3333"); t.amount = amount(10_000); t.merchant = 2222 }), vec![]),
+        (
+            with(c, |t| {
+                t.code = digits("3333");
+                t.amount = amount(10_001);
+                t.merchant = 2222
+            }),
+            vec![],
+        ),
+        (
+            with(c, |t| {
+                t.code = digits("3333");
+                t.amount = amount(10_000);
+                t.merchant = 2222
+            }),
+            vec![],
+        ),
     );
     check(
         9,
         (with(at_hour(2), |t| t.amount = amount(10_000)), vec![]),
         (with(at_hour(4), |t| t.amount = amount(10_000)), vec![]),
     );
-    assert!(!fires(9, &with(at_hour(0), |t| t.amount = amount(10_000)), &[]));
+    assert!(!fires(
+        9,
+        &with(at_hour(0), |t| t.amount = amount(10_000)),
+        &[]
+    ));
     check(
         10,
-        (with(at_hour(1), |t| { t.merchant = 101; t.amount = amount(10_000) }), vec![]),
-        (with(at_hour(1), |t| { t.merchant = 102; t.amount = amount(10_000) }), vec![]),
+        (
+            with(at_hour(1), |t| {
+                t.merchant = 101;
+                t.amount = amount(10_000)
+            }),
+            vec![],
+        ),
+        (
+            with(at_hour(1), |t| {
+                t.merchant = 102;
+                t.amount = amount(10_000)
+            }),
+            vec![],
+        ),
     );
     check(
         11,
-        (with(c, |t| { t.country = 444; t.merchant = 1 }), vec![]),
-        (with(c, |t| { t.country = 444; t.merchant = 2 }), vec![]),
+        (
+            with(c, |t| {
+                t.country = 444;
+                t.merchant = 1
+            }),
+            vec![],
+        ),
+        (
+            with(c, |t| {
+                t.country = 444;
+                t.merchant = 2
+            }),
+            vec![],
+        ),
     );
     check(
         12,
-        (with(c, |t| { t.card = 4_000_222_333; t.amount = amount(50_001) }), vec![]),
-        (with(c, |t| { t.card = 4_000_222_333; t.amount = amount(50_000) }), vec![]),
+        (
+            with(c, |t| {
+                t.card = 4_000_222_333;
+                t.amount = amount(50_001)
+            }),
+            vec![],
+        ),
+        (
+            with(c, |t| {
+                t.card = 4_000_222_333;
+                t.amount = amount(50_000)
+            }),
+            vec![],
+        ),
     );
     check(
         15,
-        (with(at_hour(3), |t| { t.merchant = 2222; t.amount = amount(10_000) }), vec![]),
-        (with(at_hour(0), |t| { t.merchant = 2222; t.amount = amount(10_000) }), vec![]),
+        (
+            with(at_hour(3), |t| {
+                t.merchant = 2222;
+                t.amount = amount(10_000)
+            }),
+            vec![],
+        ),
+        (
+            with(at_hour(0), |t| {
+                t.merchant = 2222;
+                t.amount = amount(10_000)
+            }),
+            vec![],
+        ),
     );
     check(
         16,
-        (with(at_hour(1), |t| { t.code = digits("2222"); t.amount = amount(10_000) }), vec![]),
-        (with(at_hour(1), |t| { t.code = digits("02222"); t.amount = amount(10_000) }), vec![]),
+        (
+            with(at_hour(1), |t| {
+                t.code = digits("2222");
+                t.amount = amount(10_000)
+            }),
+            vec![],
+        ),
+        (
+            with(at_hour(1), |t| {
+                t.code = digits("02222");
+                t.amount = amount(10_000)
+            }),
+            vec![],
+        ),
     );
     let march_25 = current(MARCH_25_2026_MS + 12 * HOUR_MS);
     let march_24 = current(MARCH_25_2026_MS - 1);
     check(
         17,
-        (with(march_25, |t| { t.code = digits("2222"); t.amount = amount(10_000) }), vec![]),
-        (with(march_24, |t| { t.code = digits("2222"); t.amount = amount(10_000) }), vec![]),
+        (
+            with(march_25, |t| {
+                t.code = digits("2222");
+                t.amount = amount(10_000)
+            }),
+            vec![],
+        ),
+        (
+            with(march_24, |t| {
+                t.code = digits("2222");
+                t.amount = amount(10_000)
+            }),
+            vec![],
+        ),
     );
     check(
         18,
-        (with(march_25, |t| { t.merchant = 2222; t.amount = amount(10_000) }), vec![]),
-        (with(march_25, |t| { t.merchant = 2222; t.amount = amount(9_999) }), vec![]),
+        (
+            with(march_25, |t| {
+                t.merchant = 2222;
+                t.amount = amount(10_000)
+            }),
+            vec![],
+        ),
+        (
+            with(march_25, |t| {
+                t.merchant = 2222;
+                t.amount = amount(9_999)
+            }),
+            vec![],
+        ),
     );
     check(
         19,
-        (with(c, |t| { t.code = digits("3344"); t.amount = amount(1_000_000) }), vec![]),
-        (with(c, |t| { t.code = digits("3344"); t.amount = amount(999_999) }), vec![]),
+        (
+            with(c, |t| {
+                t.code = digits("3344");
+                t.amount = amount(1_000_000)
+            }),
+            vec![],
+        ),
+        (
+            with(c, |t| {
+                t.code = digits("3344");
+                t.amount = amount(999_999)
+            }),
+            vec![],
+        ),
     );
     check(
         20,
-        (with(c, |t| { t.code = digits("1001"); t.amount = amount(500_000) }), vec![]),
-        (with(c, |t| { t.code = digits("1002"); t.amount = amount(500_000) }), vec![]),
+        (
+            with(c, |t| {
+                t.code = digits("1001");
+                t.amount = amount(500_000)
+            }),
+            vec![],
+        ),
+        (
+            with(c, |t| {
+                t.code = digits("1002");
+                t.amount = amount(500_000)
+            }),
+            vec![],
+        ),
     );
 }
 
@@ -184,21 +386,39 @@ fn rules_21_to_35_count_and_sum_over_fixed_and_sliding_windows() {
     let card_333 = with(c, |t| t.card = 4_000_222_333);
     check(
         21,
-        (card_333, vec![aged(59 * 60_000, |h| h.amount = amount(500_001))]),
+        (
+            card_333,
+            vec![aged(59 * 60_000, |h| h.amount = amount(500_001))],
+        ),
         (card_333, vec![aged(H, |h| h.amount = amount(500_001))]),
     );
-    let c22 = with(c, |t| { t.code = digits("3333"); t.merchant = 2222 });
+    let c22 = with(c, |t| {
+        t.code = digits("3333");
+        t.merchant = 2222
+    });
     check(
         22,
         (c22, vec![aged(5 * H - 1, |h| h.amount = amount(1_000_001))]),
         (c22, vec![aged(5 * H, |h| h.amount = amount(1_000_001))]),
     );
-    check(23, (c, many(101, aged(2 * H - 1, |_| {}))), (c, many(100, aged(H, |_| {}))));
+    check(
+        23,
+        (c, many(101, aged(2 * H - 1, |_| {}))),
+        (c, many(100, aged(H, |_| {}))),
+    );
     let c3344 = with(c, |t| t.code = digits("3344"));
     let million = |age| aged(age, |h| h.amount = amount(1_000_000));
-    check(24, (c3344, many(11, million(3 * H - 1))), (c3344, many(10, million(H))));
+    check(
+        24,
+        (c3344, many(11, million(3 * H - 1))),
+        (c3344, many(10, million(H))),
+    );
     // Sliding: the second entry counts within 2 x 8 h.
-    let c25 = with(c, |t| { t.merchant = 11; t.currency = 11; t.amount = amount(1000) });
+    let c25 = with(c, |t| {
+        t.merchant = 11;
+        t.currency = 11;
+        t.amount = amount(1000)
+    });
     let pair = |second_age| {
         vec![
             aged(H, |h| h.amount = amount(5000)),
@@ -218,11 +438,28 @@ fn rules_21_to_35_count_and_sum_over_fixed_and_sliding_windows() {
         (card_333, vec![quarter(20 * H), quarter(48 * H - 1)]),
         (card_333, vec![quarter(20 * H), quarter(48 * H)]),
     );
-    let special = |merchant| aged(23 * H, move |h| { h.code = digits("3333"); h.merchant = merchant; h.amount = amount(1_000_000) });
+    let special = |merchant| {
+        aged(23 * H, move |h| {
+            h.code = digits("3333");
+            h.merchant = merchant;
+            h.amount = amount(1_000_000)
+        })
+    };
     check(27, (c, vec![special(2222)]), (c, vec![special(2221)]));
-    check(28, (c, many(300, aged(H, |_| {}))), (c, many(299, aged(H, |_| {}))));
-    check(29, (c3344, many(11, million(4 * H))), (c3344, many(10, million(4 * H))));
-    let c30 = with(c, |t| { t.merchant = 11; t.currency = 22 });
+    check(
+        28,
+        (c, many(300, aged(H, |_| {}))),
+        (c, many(299, aged(H, |_| {}))),
+    );
+    check(
+        29,
+        (c3344, many(11, million(4 * H))),
+        (c3344, many(10, million(4 * H))),
+    );
+    let c30 = with(c, |t| {
+        t.merchant = 11;
+        t.currency = 22
+    });
     check(
         30,
         (c30, vec![aged(20 * H, |h| h.amount = amount(20_001))]),
@@ -230,13 +467,34 @@ fn rules_21_to_35_count_and_sum_over_fixed_and_sliding_windows() {
     );
     check(
         31,
-        (card_333, vec![aged(10 * D - 1, |h| h.amount = amount(500_001))]),
+        (
+            card_333,
+            vec![aged(10 * D - 1, |h| h.amount = amount(500_001))],
+        ),
         (card_333, vec![aged(10 * D, |h| h.amount = amount(500_001))]),
     );
-    let special_11 = |value| aged(10 * D, move |h| { h.code = digits("3333"); h.merchant = 2222; h.amount = amount(value) });
-    check(32, (c, vec![special_11(500_001)]), (c, vec![special_11(500_000)]));
-    check(33, (c, many(400, aged(H, |_| {}))), (c, many(399, aged(H, |_| {}))));
-    check(34, (c3344, many(11, million(12 * D))), (c3344, many(10, million(12 * D))));
+    let special_11 = |value| {
+        aged(10 * D, move |h| {
+            h.code = digits("3333");
+            h.merchant = 2222;
+            h.amount = amount(value)
+        })
+    };
+    check(
+        32,
+        (c, vec![special_11(500_001)]),
+        (c, vec![special_11(500_000)]),
+    );
+    check(
+        33,
+        (c, many(400, aged(H, |_| {}))),
+        (c, many(399, aged(H, |_| {}))),
+    );
+    check(
+        34,
+        (c3344, many(11, million(12 * D))),
+        (c3344, many(10, million(12 * D))),
+    );
     check(
         35,
         (c25, vec![aged(14 * D - 1, |h| h.amount = amount(10_001))]),
@@ -249,16 +507,31 @@ fn rules_36_to_40_compare_with_the_integer_average() {
     let c = current(T);
     let spend = |value| with(c, |t| t.amount = amount(value));
     // Average of 100 and 101 is 100 (integer division): 101 is above it, 100 is not.
-    let two = |age| vec![aged(age, |h| h.amount = amount(100)), aged(age, |h| h.amount = amount(101))];
+    let two = |age| {
+        vec![
+            aged(age, |h| h.amount = amount(100)),
+            aged(age, |h| h.amount = amount(101)),
+        ]
+    };
     check(36, (spend(101), two(59 * D)), (spend(100), two(59 * D)));
-    check(36, (spend(0), vec![aged(D, |h| h.amount = amount(20_001))]), (spend(0), vec![aged(D, |h| h.amount = amount(20_000))]));
+    check(
+        36,
+        (spend(0), vec![aged(D, |h| h.amount = amount(20_001))]),
+        (spend(0), vec![aged(D, |h| h.amount = amount(20_000))]),
+    );
     check(37, (spend(101), two(65 * D)), (spend(101), two(70 * D)));
     check(38, (spend(101), two(69 * D)), (spend(101), two(71 * D)));
     check(39, (spend(101), two(80 * D)), (spend(100), two(80 * D)));
     check(
         40,
-        (spend(0), vec![aged(80 * D, |h| h.amount = amount(1_110_001))]),
-        (spend(0), vec![aged(80 * D, |h| h.amount = amount(1_110_000))]),
+        (
+            spend(0),
+            vec![aged(80 * D, |h| h.amount = amount(1_110_001))],
+        ),
+        (
+            spend(0),
+            vec![aged(80 * D, |h| h.amount = amount(1_110_000))],
+        ),
     );
     assert!(!fires(36, &spend(1_000_000), &[]), "no history, no average");
 }
@@ -266,23 +539,46 @@ fn rules_36_to_40_compare_with_the_integer_average() {
 #[test]
 fn rules_41_to_49_look_for_patterns_in_the_history() {
     let c = current(T);
-    let c41 = with(c, |t| { t.country = 2; t.amount = amount(1001) });
-    let big = |age, country| aged(age, move |h| { h.country = country; h.amount = amount(10_001) });
-    check(41, (c41, vec![big(10 * D - 1, 1)]), (c41, vec![big(10 * D, 1)]));
+    let c41 = with(c, |t| {
+        t.country = 2;
+        t.amount = amount(1001)
+    });
+    let big = |age, country| {
+        aged(age, move |h| {
+            h.country = country;
+            h.amount = amount(10_001)
+        })
+    };
+    check(
+        41,
+        (c41, vec![big(10 * D - 1, 1)]),
+        (c41, vec![big(10 * D, 1)]),
+    );
     check(42, (c41, vec![big(D, 5)]), (c41, vec![big(D, 1)]));
 
     // Rule 43 sees C in the list: with a later entry first, C is the second entry of H'.
     let c43 = with(c, |t| t.amount = amount(10_000));
     let small = aged(H, |h| h.amount = amount(100));
-    check(43, (c43, vec![small]), (c43, vec![aged(H, |h| h.amount = amount(101))]));
+    check(
+        43,
+        (c43, vec![small]),
+        (c43, vec![aged(H, |h| h.amount = amount(101))]),
+    );
     let later = aged(-H, |h| h.amount = amount(5000));
-    assert!(!fires(43, &c43, &[later, small]), "C, not the small entry, is second in H'");
+    assert!(
+        !fires(43, &c43, &[later, small]),
+        "C, not the small entry, is second in H'"
+    );
     assert!(!fires(43, &c43, &[]));
 
     let c44 = with(c, |t| t.amount = amount(10_001));
     let from = |age, country| aged(age, move |h| h.country = country);
     // C comes first in H', so an older entry is at least second: its window is 2 x 10 h.
-    check(44, (c44, vec![from(20 * H - 1, 1)]), (c44, vec![from(20 * H, 1)]));
+    check(
+        44,
+        (c44, vec![from(20 * H - 1, 1)]),
+        (c44, vec![from(20 * H, 1)]),
+    );
     check(44, (with(c44, |t| t.country = 0), vec![]), (c44, vec![]));
     // C is always ahead of older entries in H': alone, the country-001 entry is second (window 20 h);
     // behind a later entry it is third (window 30 h).
@@ -292,30 +588,68 @@ fn rules_41_to_49_look_for_patterns_in_the_history() {
         (c44, vec![from(25 * H, 1)]),
     );
 
-    let c45 = with(c, |t| { t.merchant = 33; t.amount = amount(1001) });
-    let at_22 = |code: &'static str| aged(H, move |h| { h.merchant = 22; h.code = digits(code) });
-    check(45, (c45, many(11, at_22("00007"))), (c45, many(10, at_22("00007"))));
+    let c45 = with(c, |t| {
+        t.merchant = 33;
+        t.amount = amount(1001)
+    });
+    let at_22 = |code: &'static str| {
+        aged(H, move |h| {
+            h.merchant = 22;
+            h.code = digits(code)
+        })
+    };
+    check(
+        45,
+        (c45, many(11, at_22("00007"))),
+        (c45, many(10, at_22("00007"))),
+    );
 
     let c46 = with(c, |t| t.amount = amount(20_001));
     let night = |code: &'static str| aged(10 * H, move |h| h.code = digits(code));
-    check(46, (c46, many(51, night("00006"))), (c46, many(50, night("00006"))));
+    check(
+        46,
+        (c46, many(51, night("00006"))),
+        (c46, many(50, night("00006"))),
+    );
     assert!(!fires(46, &c46, &many(60, night("00005"))));
 
     let c47 = with(c, |t| t.country = 122);
-    let from_200 = |age| aged(age, |h| { h.country = 200; h.amount = amount(10_001) });
+    let from_200 = |age| {
+        aged(age, |h| {
+            h.country = 200;
+            h.amount = amount(10_001)
+        })
+    };
     check(47, (c47, vec![from_200(-2 * H)]), (c47, vec![from_200(-H)]));
 
-    check(48, (c45, many(11, at_22("0001"))), (c45, many(11, at_22("00001"))));
+    check(
+        48,
+        (c45, many(11, at_22("0001"))),
+        (c45, many(11, at_22("00001"))),
+    );
     let c49 = with(c45, |t| t.amount = amount(10_001));
-    let code_1 = |age| aged(age, |h| { h.merchant = 22; h.code = digits("0001"); h.amount = amount(10_001) });
-    check(49, (c49, vec![code_1(10 * D - 1)]), (c49, vec![code_1(10 * D)]));
+    let code_1 = |age| {
+        aged(age, |h| {
+            h.merchant = 22;
+            h.code = digits("0001");
+            h.amount = amount(10_001)
+        })
+    };
+    check(
+        49,
+        (c49, vec![code_1(10 * D - 1)]),
+        (c49, vec![code_1(10 * D)]),
+    );
 }
 
 #[test]
 fn the_first_rule_that_fires_is_the_result() {
     let c = with(at_hour(2), |t| t.amount = amount(10_001));
     let history = vec![aged(D, |h| h.amount = amount(1))];
-    assert_eq!(CaseStudyRules::hits(&c, &history) & ((1 << 9) | (1 << 36)), (1 << 9) | (1 << 36));
+    assert_eq!(
+        CaseStudyRules::hits(&c, &history) & ((1 << 9) | (1 << 36)),
+        (1 << 9) | (1 << 36)
+    );
     assert_eq!(CaseStudyRules.score(&c, &history), 9);
     let quiet = with(current(T), |t| t.amount = amount(1));
     assert_eq!(CaseStudyRules.score(&quiet, &history), 0);
@@ -325,20 +659,24 @@ fn the_first_rule_that_fires_is_the_result() {
 fn calendar_and_hours_are_utc() {
     assert_eq!(month_day_of(MARCH_25_2026_MS), (3, 25));
     assert_eq!(month_day_of(MARCH_25_2026_MS - 1), (3, 24));
-    assert_eq!(month_day_of(1_711_333_800_000), (3, 25), "2024 is a leap year");
+    assert_eq!(
+        month_day_of(1_711_333_800_000),
+        (3, 25),
+        "2024 is a leap year"
+    );
     assert_eq!(month_day_of(0), (1, 1));
     assert_eq!(hour_of(1_711_333_800_000), 2);
 }
 
 // ---- the reference: a literal transcription of the spec ----
 
-fn fixed<'a>(t: u64, width_ms: u64, list: &'a [Txn]) -> Vec<&'a Txn> {
+fn fixed(t: u64, width_ms: u64, list: &[Txn]) -> Vec<&Txn> {
     list.iter()
         .filter(|h| i128::from(h.timestamp_ms()) > i128::from(t) - i128::from(width_ms))
         .collect()
 }
 
-fn sliding<'a>(t: u64, width_ms: u64, list: &'a [Txn]) -> Vec<&'a Txn> {
+fn sliding(t: u64, width_ms: u64, list: &[Txn]) -> Vec<&Txn> {
     list.iter()
         .enumerate()
         .filter(|(i, h)| {
@@ -371,8 +709,16 @@ fn reference_hits(c: &Txn, history: &[Txn]) -> u64 {
     let busy = |list: Vec<&Txn>| list.len() > 10 && sum(&list) >= 10_000_000;
     let s1s2 = |list: Vec<&Txn>| {
         let s = sum(&list);
-        let s1 = if m == "0011" && currency == "011" { s } else { 0 };
-        let s2 = if m == "0011" && currency == "022" { s } else { 0 };
+        let s1 = if m == "0011" && currency == "011" {
+            s
+        } else {
+            0
+        };
+        let s2 = if m == "0011" && currency == "022" {
+            s
+        } else {
+            0
+        };
         s1 > 10_000 || s2 > 20_000
     };
     let average = |list: Vec<&Txn>, limit: u64| {
@@ -406,7 +752,9 @@ fn reference_hits(c: &Txn, history: &[Txn]) -> u64 {
         let mut s = 0u64;
         for h in history {
             cutoff -= i128::from(80 * DAY_MS);
-            if i128::from(h.timestamp_ms()) > cutoff && (h_country(h) == "200" || h_country(h) == "201") {
+            if i128::from(h.timestamp_ms()) > cutoff
+                && (h_country(h) == "200" || h_country(h) == "201")
+            {
                 cutoff += i128::from(80 * DAY_MS + HOUR_MS);
                 if i128::from(h.timestamp_ms()) > cutoff {
                     s += h.amount.value;
@@ -458,19 +806,45 @@ fn reference_hits(c: &Txn, history: &[Txn]) -> u64 {
         average(sliding(t, 70 * DAY_MS, history), 200_000),
         average(sliding(t, 90 * DAY_MS, history), 330_000),
         average(sliding(t, 90 * DAY_MS, history), 1_110_000),
-        sliding(t, 10 * DAY_MS, history).iter().any(|h| h_country(h) == "001" && h.amount.value > 10_000)
-            && country == "002" && a > 1000,
-        sliding(t, 10 * DAY_MS, history).iter().any(|h| h_country(h) != "001" && h.amount.value > 10_000)
-            && country == "002" && a > 1000,
+        sliding(t, 10 * DAY_MS, history)
+            .iter()
+            .any(|h| h_country(h) == "001" && h.amount.value > 10_000)
+            && country == "002"
+            && a > 1000,
+        sliding(t, 10 * DAY_MS, history)
+            .iter()
+            .any(|h| h_country(h) != "001" && h.amount.value > 10_000)
+            && country == "002"
+            && a > 1000,
         h_prime.len() > 1 && h_prime[1].amount.value <= 100 && a >= 10_000,
-        sliding(t, 10 * HOUR_MS, &h_prime).iter().any(|h| h.country < 2) && a > 10_000,
-        sliding(t, DAY_MS, history).iter().filter(|h| h_merchant(h) == "0022").count() > 10
-            && a > 1000 && m == "0033",
+        sliding(t, 10 * HOUR_MS, &h_prime)
+            .iter()
+            .any(|h| h.country < 2)
+            && a > 10_000,
+        sliding(t, DAY_MS, history)
+            .iter()
+            .filter(|h| h_merchant(h) == "0022")
+            .count()
+            > 10
+            && a > 1000
+            && m == "0033",
         rule_46,
         rule_47,
-        sliding(t, DAY_MS, history).iter().filter(m22_code_1).count() > 10 && m == "0033" && a > 1000,
-        sliding(t, 10 * DAY_MS, history).iter().filter(m22_code_1).map(|h| h.amount.value).sum::<u64>() > 10_000
-            && m == "0033" && a > 10_000,
+        sliding(t, DAY_MS, history)
+            .iter()
+            .filter(m22_code_1)
+            .count()
+            > 10
+            && m == "0033"
+            && a > 1000,
+        sliding(t, 10 * DAY_MS, history)
+            .iter()
+            .filter(m22_code_1)
+            .map(|h| h.amount.value)
+            .sum::<u64>()
+            > 10_000
+            && m == "0033"
+            && a > 10_000,
     ];
     rules
         .iter()
@@ -483,29 +857,83 @@ fn reference_hits(c: &Txn, history: &[Txn]) -> u64 {
 /// single out.
 fn interesting_txn() -> impl Strategy<Value = (i64, Txn)> {
     let ages = prop::sample::select(vec![
-        -3 * H, -H - 1, 0, 1, H - 1, H, 2 * H, 3 * H, 5 * H - 1, 8 * H, 10 * H, 16 * H, D - 1, D, 2 * D,
-        10 * D, 11 * D, 13 * D, 14 * D, 59 * D, 60 * D, 65 * D, 70 * D, 71 * D, 80 * D, 89 * D,
+        -3 * H,
+        -H - 1,
+        0,
+        1,
+        H - 1,
+        H,
+        2 * H,
+        3 * H,
+        5 * H - 1,
+        8 * H,
+        10 * H,
+        16 * H,
+        D - 1,
+        D,
+        2 * D,
+        10 * D,
+        11 * D,
+        13 * D,
+        14 * D,
+        59 * D,
+        60 * D,
+        65 * D,
+        70 * D,
+        71 * D,
+        80 * D,
+        89 * D,
     ]);
     let countries = prop::sample::select(vec![0u16, 1, 2, 5, 111, 121, 122, 200, 201, 221, 444]);
     let merchants = prop::sample::select(vec![0u16, 1, 11, 22, 33, 101, 2000, 2200, 2222, 400]);
-    let codes = prop::sample::select(vec!["0001", "00001", "1000", "1001", "2222", "3333", "3344", "00006", "5"]);
+    let codes = prop::sample::select(vec![
+        "0001", "00001", "1000", "1001", "2222", "3333", "3344", "00006", "5",
+    ]);
     let amounts = prop::sample::select(vec![
-        0u64, 50, 100, 101, 1000, 1001, 10_000, 10_001, 20_001, 50_001, 100_001, 500_000, 1_000_000,
+        0u64,
+        50,
+        100,
+        101,
+        1000,
+        1001,
+        10_000,
+        10_001,
+        20_001,
+        50_001,
+        100_001,
+        500_000,
+        1_000_000,
         2_147_483_647,
     ]);
     let cards = prop::sample::select(vec![1u64, 4_000_222_100, 4_000_222_333]);
-    (ages, countries, merchants, codes, amounts, cards, prop::sample::select(vec![11u16, 22, 5]), any::<bool>())
-        .prop_map(move |(age, country, merchant, code, value, card, currency, declined)| (age, Txn {
-            card,
-            timestamp: Digits::of(0),
-            country,
-            response: if declined { 5 } else { 0 },
-            amount: Digits::of(value),
-            currency,
-            merchant,
-            city: 1,
-            code: digits(code),
-        }))
+    (
+        ages,
+        countries,
+        merchants,
+        codes,
+        amounts,
+        cards,
+        prop::sample::select(vec![11u16, 22, 5]),
+        any::<bool>(),
+    )
+        .prop_map(
+            move |(age, country, merchant, code, value, card, currency, declined)| {
+                (
+                    age,
+                    Txn {
+                        card,
+                        timestamp: Digits::of(0),
+                        country,
+                        response: if declined { 5 } else { 0 },
+                        amount: Digits::of(value),
+                        currency,
+                        merchant,
+                        city: 1,
+                        code: digits(code),
+                    },
+                )
+            },
+        )
 }
 
 proptest! {
@@ -526,7 +954,7 @@ proptest! {
             .collect();
         // H as the store hands it over: within 90 days, newest first (stable for equal timestamps).
         history.retain(|h| h.timestamp_ms() + 90 * DAY_MS > t);
-        history.sort_by(|a, b| b.timestamp_ms().cmp(&a.timestamp_ms()));
+        history.sort_by_key(|h| std::cmp::Reverse(h.timestamp_ms()));
         let hits = CaseStudyRules::hits(&c, &history);
         prop_assert_eq!(hits, reference_hits(&c, &history));
         let expected = if hits == 0 { 0 } else { hits.trailing_zeros() as u8 };

@@ -1,0 +1,366 @@
+//! fraud's HTTP routes.
+//!
+//! - `POST /fraud/transactions`: one transaction object or an array of them (fields named as in the spec:
+//!   `card, timestamp, country, response, amount, currency, merchant, city, code`, each a string of digits
+//!   of the spec's width; `timestamp` and `amount` may also be JSON integers) → 200
+//!   `{"scored", "flagged", "results": [{"fraud", "rule"}]}` in input order. Honours `Idempotency-Key`.
+//! - `GET /fraud/cards/{card}` → the card's stored history with verdicts, newest first.
+//! - `GET /fraud/stats` → counts over all partitions, per-rule counts, memory per stored transaction, rate.
+//! - `POST /fraud/history/generate` `{"cards", "length"?, "now_ms"?}` → generates the case study's
+//!   history in place on every partition (a command, so replay regenerates it).
+
+use crate::command::{Command, GenerateHistory};
+use crate::generator::{CASE_STUDY_HISTORY_LEN, HISTORY_WINDOW_MS, Seeds};
+use crate::history::UNSCORED;
+use crate::ingest::{BatchKind, Ingest, IngestError};
+use crate::record::{Digits, FIELD_NAMES, Txn, parse_field};
+use crate::state::{FraudState, Stats, card_key};
+use crate::{APP_ID, APP_NAME};
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use spate_server::api::{command_id, json as json_response};
+use spate_server::{ApiError, ApiJson};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Most transactions one request may carry.
+pub const TXNS_PER_REQUEST_MAX: usize = 10_000;
+/// How long a request waits for room in a full partition queue before answering 503.
+const QUEUE_PATIENCE: Duration = Duration::from_secs(2);
+
+#[derive(Clone)]
+struct Context {
+    ingest: Ingest,
+    rate_per_s: Arc<AtomicU64>,
+}
+
+pub fn routes(ingest: Ingest) -> Router {
+    let rate_per_s = Arc::new(AtomicU64::new(0));
+    tokio::spawn(sample_rate(ingest.clone(), rate_per_s.clone()));
+    Router::new()
+        .route("/fraud/transactions", post(score))
+        .route("/fraud/cards/{card}", get(card))
+        .route("/fraud/stats", get(stats))
+        .route("/fraud/history/generate", post(generate))
+        .with_state(Context { ingest, rate_per_s })
+}
+
+async fn sample_rate(ingest: Ingest, rate_per_s: Arc<AtomicU64>) {
+    let mut interval = tokio::time::interval(Duration::from_secs(1));
+    let mut previous = ingest.metrics().scored_total();
+    loop {
+        interval.tick().await;
+        let now = ingest.metrics().scored_total();
+        rate_per_s.store(now - previous, Ordering::Relaxed);
+        previous = now;
+    }
+}
+
+fn field_error(at: &str, field: &str, problem: impl std::fmt::Display) -> ApiError {
+    ApiError::bad_request(format!("{at}{field}: {problem}"))
+}
+
+/// A JSON transaction, checked field by field with the record format's rules.
+fn txn_from_json(value: &Value, at: &str) -> Result<Txn, ApiError> {
+    let object = value.as_object().ok_or_else(|| {
+        ApiError::bad_request(format!("{at}: a transaction must be a JSON object"))
+    })?;
+    if let Some(unknown) = object.keys().find(|k| !FIELD_NAMES.contains(&k.as_str())) {
+        return Err(field_error(at, unknown, "unknown field"));
+    }
+    let mut fields = [Digits::default(); 9];
+    for (index, name) in FIELD_NAMES.iter().enumerate() {
+        let text = match object.get(*name) {
+            None => return Err(field_error(at, name, "missing")),
+            Some(Value::String(text)) => text.clone(),
+            Some(Value::Number(number))
+                if matches!(*name, "timestamp" | "amount") && number.is_u64() =>
+            {
+                number.to_string()
+            }
+            Some(_) => return Err(field_error(at, name, "must be a string of digits")),
+        };
+        fields[index] =
+            parse_field(index, text.as_bytes()).map_err(|e| field_error(at, name, e))?;
+    }
+    let [
+        card,
+        timestamp,
+        country,
+        response,
+        amount,
+        currency,
+        merchant,
+        city,
+        code,
+    ] = fields;
+    let txn = Txn {
+        card: card.value,
+        timestamp,
+        country: country.value as u16,
+        response: response.value as u8,
+        amount,
+        currency: currency.value as u16,
+        merchant: merchant.value as u16,
+        city: city.value as u32,
+        code,
+    };
+    txn.validate().map_err(|e| field_error(at, "", e))?;
+    if txn.timestamp_ms() <= HISTORY_WINDOW_MS {
+        return Err(field_error(
+            at,
+            "timestamp",
+            "must be later than 90 days after the epoch",
+        ));
+    }
+    Ok(txn)
+}
+
+fn ingest_error(error: IngestError) -> ApiError {
+    match error {
+        IngestError::Engine(error) => error.into(),
+        IngestError::InFlight => {
+            ApiError::new(StatusCode::CONFLICT, "in_flight", error.to_string())
+        }
+        IngestError::Conflict => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency_conflict",
+            "this Idempotency-Key was used with a different body",
+        ),
+        IngestError::Rejected(message) => {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "rejected", message)
+        }
+    }
+}
+
+async fn score(
+    State(context): State<Context>,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<Value>,
+) -> Result<Response, ApiError> {
+    let batch_id = command_id(&headers, APP_NAME)?;
+    let txns = match &body {
+        Value::Array(items) => {
+            if items.is_empty() || items.len() > TXNS_PER_REQUEST_MAX {
+                return Err(ApiError::bad_request(format!(
+                    "send 1 to {TXNS_PER_REQUEST_MAX} transactions per request, got {}",
+                    items.len()
+                )));
+            }
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| txn_from_json(item, &format!("[{i}].")))
+                .collect::<Result<Vec<_>, _>>()?
+        }
+        single => vec![txn_from_json(single, "")?],
+    };
+    let outcome = context
+        .ingest
+        .enqueue(
+            BatchKind::Score {
+                want_verdicts: true,
+            },
+            batch_id,
+            &txns,
+            Some(QUEUE_PATIENCE),
+        )
+        .await?
+        .outcome()
+        .await
+        .map_err(ingest_error)?;
+    let results: Vec<Value> = outcome
+        .verdicts
+        .iter()
+        .map(|rule| json!({"fraud": *rule != 0, "rule": rule}))
+        .collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"scored": outcome.scored, "flagged": outcome.flagged, "results": results}),
+    ))
+}
+
+async fn card(
+    State(context): State<Context>,
+    Path(card): Path<String>,
+) -> Result<Response, ApiError> {
+    let digits = parse_field(0, card.as_bytes())
+        .map_err(|_| ApiError::bad_request("card must be exactly 14 digits"))?;
+    let engine = context.ingest.engine();
+    let partition = engine.partition_of(&card_key(digits.value));
+    let history = engine
+        .query::<FraudState, _>(partition, APP_ID, move |state| {
+            state.store().history(digits.value)
+        })
+        .await?;
+    if history.is_empty() {
+        return Err(ApiError::not_found("no stored transactions for this card"));
+    }
+    let transactions: Vec<Value> = history
+        .iter()
+        .map(|(txn, verdict)| {
+            let mut entry = Map::new();
+            entry.insert("timestamp".into(), txn.timestamp.to_string().into());
+            entry.insert("country".into(), format!("{:03}", txn.country).into());
+            entry.insert("response".into(), format!("{:02}", txn.response).into());
+            entry.insert("amount".into(), txn.amount.to_string().into());
+            entry.insert("currency".into(), format!("{:03}", txn.currency).into());
+            entry.insert("merchant".into(), format!("{:04}", txn.merchant).into());
+            entry.insert("city".into(), format!("{:05}", txn.city).into());
+            entry.insert("code".into(), txn.code.to_string().into());
+            let scored = *verdict != UNSCORED;
+            entry.insert(
+                "fraud".into(),
+                if scored {
+                    (*verdict != 0).into()
+                } else {
+                    Value::Null
+                },
+            );
+            entry.insert(
+                "rule".into(),
+                if scored {
+                    (*verdict).into()
+                } else {
+                    Value::Null
+                },
+            );
+            Value::Object(entry)
+        })
+        .collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"card": card, "transactions": transactions}),
+    ))
+}
+
+struct PartitionStats {
+    stats: Stats,
+    cards: u64,
+    entries: u64,
+    heap_bytes: u64,
+}
+
+async fn stats(State(context): State<Context>) -> Result<Response, ApiError> {
+    let engine = context.ingest.engine();
+    let mut total = Stats::default();
+    let (mut cards, mut entries, mut heap_bytes) = (0, 0, 0);
+    for partition in 0..engine.partition_count() {
+        let part = engine
+            .query::<FraudState, _>(partition, APP_ID, |state| PartitionStats {
+                stats: state.stats().clone(),
+                cards: state.store().cards() as u64,
+                entries: state.store().entries(),
+                heap_bytes: state.store().heap_bytes(),
+            })
+            .await?;
+        total.add(&part.stats);
+        cards += part.cards;
+        entries += part.entries;
+        heap_bytes += part.heap_bytes;
+    }
+    let by_rule: Map<String, Value> = total
+        .flagged_by_rule
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n > 0)
+        .map(|(rule, n)| (rule.to_string(), (*n).into()))
+        .collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "scored": total.scored,
+            "flagged": total.flagged(),
+            "imported": total.imported,
+            "flagged_by_rule": by_rule,
+            "cards": cards,
+            "stored_transactions": entries,
+            "history_bytes": heap_bytes,
+            "history_bytes_per_transaction": if entries > 0 { heap_bytes as f64 / entries as f64 } else { 0.0 },
+            "rate_per_s": context.rate_per_s.load(Ordering::Relaxed),
+        }),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GenerateBody {
+    cards: u32,
+    length: Option<u32>,
+    now_ms: Option<u64>,
+}
+
+/// Upper bound on generated history, to keep a typo from filling memory: 100 M cards x 100.
+const GENERATED_RECORDS_MAX: u64 = 10_000_000_000;
+
+async fn generate(
+    State(context): State<Context>,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<GenerateBody>,
+) -> Result<Response, ApiError> {
+    let length = body.length.unwrap_or(CASE_STUDY_HISTORY_LEN);
+    if body.cards == 0 || body.cards > i32::MAX as u32 || length > 1000 {
+        return Err(ApiError::bad_request(
+            "cards must be 1..=2147483647 and length 0..=1000",
+        ));
+    }
+    if u64::from(body.cards) * u64::from(length) > GENERATED_RECORDS_MAX {
+        return Err(ApiError::bad_request(format!(
+            "at most {GENERATED_RECORDS_MAX} records"
+        )));
+    }
+    let now_ms = body.now_ms.unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    });
+    if now_ms <= HISTORY_WINDOW_MS {
+        return Err(ApiError::bad_request(
+            "now_ms must be later than 90 days after the epoch",
+        ));
+    }
+    let request_id = command_id(&headers, APP_NAME)?;
+    let engine = context.ingest.engine();
+    let partitions = engine.partition_count();
+    let mut pending = Vec::new();
+    for partition in 0..partitions {
+        let plan = GenerateHistory {
+            seeds: Seeds::default(),
+            cards: body.cards,
+            len: length,
+            now_ms,
+            partition,
+            partitions,
+        };
+        let payload = context.ingest.seal(&Command::Generate(plan).encode());
+        let id = request_id.map(|id| id ^ u128::from(partition));
+        pending.push(
+            engine
+                .enqueue(partition, APP_ID, id, payload)
+                .map_err(|r| ApiError::from(r.error))?,
+        );
+    }
+    let started = std::time::Instant::now();
+    let mut stored = 0u64;
+    for part in pending {
+        let reply = spate_server::api::reply_bytes(part.reply().await?)?;
+        let reply = crate::command::BatchReply::decode(&reply).map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "bad_reply",
+                e.to_string(),
+            )
+        })?;
+        stored += u64::from(reply.stored);
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"stored": stored, "now_ms": now_ms, "elapsed_ms": started.elapsed().as_millis() as u64}),
+    ))
+}

@@ -1,0 +1,205 @@
+//! fraud's state on one partition: the card histories and the running counts, changed only by apply.
+
+use crate::cipher::{CardCipher, OpeningReader, SealingWriter};
+use crate::command::{BatchReply, Command, GenerateHistory};
+use crate::generator::HistoryGenerator;
+use crate::history::{HistoryStore, UNSCORED};
+use crate::record::Txn;
+use crate::rules::RuleSet;
+use spate_engine::{Effects, StateMachine};
+use std::io::{self, Read, Write};
+use std::sync::Arc;
+
+/// The routing key of a card: every transaction of a card is applied on the partition that owns it.
+pub fn card_key(card: u64) -> [u8; 8] {
+    card.to_le_bytes()
+}
+
+/// Counts over everything this partition applied (deterministic, so they survive replay exactly).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stats {
+    pub scored: u64,
+    pub imported: u64,
+    pub flagged_by_rule: [u64; 64],
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Self {
+            scored: 0,
+            imported: 0,
+            flagged_by_rule: [0; 64],
+        }
+    }
+}
+
+impl Stats {
+    pub fn flagged(&self) -> u64 {
+        self.flagged_by_rule[1..].iter().sum()
+    }
+
+    pub fn add(&mut self, other: &Stats) {
+        self.scored += other.scored;
+        self.imported += other.imported;
+        for (mine, theirs) in self.flagged_by_rule.iter_mut().zip(other.flagged_by_rule) {
+            *mine += theirs;
+        }
+    }
+}
+
+pub struct FraudState {
+    store: HistoryStore,
+    stats: Stats,
+    rules: Arc<dyn RuleSet>,
+    cipher: Arc<CardCipher>,
+    /// Scratch for the history window of the transaction being scored.
+    window: Vec<Txn>,
+}
+
+impl FraudState {
+    pub fn new(
+        entries_per_card_max: usize,
+        rules: Arc<dyn RuleSet>,
+        cipher: Arc<CardCipher>,
+    ) -> Self {
+        Self {
+            store: HistoryStore::new(entries_per_card_max),
+            stats: Stats::default(),
+            rules,
+            cipher,
+            window: Vec::new(),
+        }
+    }
+
+    pub fn store(&self) -> &HistoryStore {
+        &self.store
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    pub fn restore(
+        input: &mut dyn Read,
+        rules: Arc<dyn RuleSet>,
+        cipher: Arc<CardCipher>,
+    ) -> io::Result<Self> {
+        let mut opened = OpeningReader::new(input, &cipher);
+        let mut word = [0; 8];
+        let mut read_u64 = |input: &mut OpeningReader<'_>| -> io::Result<u64> {
+            input.read_exact(&mut word)?;
+            Ok(u64::from_le_bytes(word))
+        };
+        let mut stats = Stats {
+            scored: read_u64(&mut opened)?,
+            imported: read_u64(&mut opened)?,
+            ..Stats::default()
+        };
+        for count in stats.flagged_by_rule.iter_mut() {
+            *count = read_u64(&mut opened)?;
+        }
+        let store = HistoryStore::restore(&mut opened)?;
+        drop(opened);
+        Ok(Self {
+            store,
+            stats,
+            rules,
+            cipher,
+            window: Vec::new(),
+        })
+    }
+
+    fn score(&mut self, txns: &[Txn], want_verdicts: bool) -> BatchReply {
+        let mut flagged = [0u32; 64];
+        let mut verdicts = Vec::with_capacity(if want_verdicts { txns.len() } else { 0 });
+        for txn in txns {
+            let verdict = self
+                .store
+                .score_and_store(txn, self.rules.as_ref(), &mut self.window);
+            flagged[usize::from(verdict)] += 1;
+            if want_verdicts {
+                verdicts.push(verdict);
+            }
+        }
+        self.stats.scored += txns.len() as u64;
+        for (rule, count) in flagged.iter().enumerate().skip(1) {
+            self.stats.flagged_by_rule[rule] += u64::from(*count);
+        }
+        BatchReply {
+            scored: txns.len() as u32,
+            stored: txns.len() as u32,
+            flagged_by_rule: flagged
+                .iter()
+                .enumerate()
+                .skip(1)
+                .filter(|(_, n)| **n > 0)
+                .map(|(rule, n)| (rule as u8, *n))
+                .collect(),
+            verdicts,
+            error: None,
+        }
+    }
+
+    fn import(&mut self, txns: &[Txn]) -> BatchReply {
+        for txn in txns {
+            self.store.store(txn, UNSCORED);
+        }
+        self.stats.imported += txns.len() as u64;
+        BatchReply {
+            stored: txns.len() as u32,
+            ..BatchReply::default()
+        }
+    }
+
+    fn generate(&mut self, plan: &GenerateHistory) -> BatchReply {
+        let generator = HistoryGenerator::new(&plan.seeds, plan.cards, plan.len, plan.now_ms);
+        self.store
+            .reserve_cards(plan.cards as usize / usize::from(plan.partitions.max(1)));
+        let mut stored = 0u64;
+        for txn in generator {
+            if spate_engine::partition_of(&card_key(txn.card), plan.partitions) == plan.partition {
+                self.store.store(&txn, UNSCORED);
+                stored += 1;
+            }
+        }
+        self.stats.imported += stored;
+        BatchReply {
+            stored: stored.min(u64::from(u32::MAX)) as u32,
+            ..BatchReply::default()
+        }
+    }
+}
+
+impl StateMachine for FraudState {
+    fn apply(&mut self, command: &spate_engine::Command<'_>, effects: &mut Effects<'_>) {
+        let decoded = self
+            .cipher
+            .open(command.payload)
+            .map_err(|e| e.to_string())
+            .and_then(|plain| Command::decode(&plain).map_err(|e| e.to_string()));
+        let reply = match decoded {
+            Ok(Command::Score {
+                want_verdicts,
+                txns,
+            }) => self.score(&txns, want_verdicts),
+            Ok(Command::Import { txns }) => self.import(&txns),
+            Ok(Command::Generate(plan)) => self.generate(&plan),
+            Err(error) => BatchReply {
+                error: Some(error),
+                ..BatchReply::default()
+            },
+        };
+        effects.reply().extend_from_slice(&reply.encode());
+    }
+
+    fn write_snapshot(&self, out: &mut dyn Write) -> io::Result<()> {
+        let mut sealed = SealingWriter::new(out, &self.cipher);
+        sealed.write_all(&self.stats.scored.to_le_bytes())?;
+        sealed.write_all(&self.stats.imported.to_le_bytes())?;
+        for count in self.stats.flagged_by_rule {
+            sealed.write_all(&count.to_le_bytes())?;
+        }
+        self.store.write_snapshot(&mut sealed)?;
+        sealed.finish()
+    }
+}

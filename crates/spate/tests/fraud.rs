@@ -1,0 +1,326 @@
+//! The fraud app end to end against the real binary: HTTP scoring equals offline scoring, bad input is
+//! refused with the field named, card data never reaches the disk in clear, and a kill -9 in the middle of
+//! an acknowledged stream loses nothing and scores nothing twice.
+
+mod support;
+
+use serde_json::{Value, json};
+use spate_fraud::generator::{HistoryGenerator, Seeds, TxnGenerator};
+use spate_fraud::history::{ENTRIES_PER_CARD_DEFAULT, HistoryStore, UNSCORED};
+use spate_fraud::record::Txn;
+use spate_fraud::rules::CaseStudyRules;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use support::{Server, agent, get, post};
+
+const START_MS: u64 = 1_800_000_000_000;
+
+/// What the server must compute: the history, then `txns` in order, scored by the same library code.
+fn expected(cards: u32, txns: &[Txn]) -> (HistoryStore, Vec<u8>) {
+    let mut store = HistoryStore::new(ENTRIES_PER_CARD_DEFAULT);
+    for txn in HistoryGenerator::new(&Seeds::default(), cards, 20, START_MS) {
+        store.store(&txn, UNSCORED);
+    }
+    let mut window = Vec::new();
+    let verdicts = txns
+        .iter()
+        .map(|txn| store.score_and_store(txn, &CaseStudyRules, &mut window))
+        .collect();
+    (store, verdicts)
+}
+
+/// The generator's transactions with the virtual clock `spate fraud push --start-ms --per-ms` uses.
+fn generated(cards: u32, count: u64, per_ms: u64) -> Vec<Txn> {
+    let mut generator = TxnGenerator::new(&Seeds::default(), cards);
+    (0..count)
+        .map(|i| generator.next_txn(START_MS + i / per_ms))
+        .collect()
+}
+
+fn as_json(txn: &Txn) -> Value {
+    json!({
+        "card": format!("{:014}", txn.card),
+        "timestamp": txn.timestamp.to_string(),
+        "country": format!("{:03}", txn.country),
+        "response": format!("{:02}", txn.response),
+        "amount": txn.amount.to_string(),
+        "currency": format!("{:03}", txn.currency),
+        "merchant": format!("{:04}", txn.merchant),
+        "city": format!("{:05}", txn.city),
+        "code": txn.code.to_string(),
+    })
+}
+
+fn generate_history(agent: &ureq::Agent, server: &Server, cards: u32) {
+    let (status, body) = post(
+        agent,
+        &format!("{}/fraud/history/generate", server.base),
+        None,
+        &json!({"cards": cards, "now_ms": START_MS}),
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stored"], u64::from(cards) * 20);
+}
+
+#[test]
+fn http_scoring_equals_offline_scoring_and_bad_input_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--apps", "fraud"], None);
+    let agent = agent();
+    let cards = 50;
+    generate_history(&agent, &server, cards);
+    let txns = generated(cards, 300, 1);
+    let (store, verdicts) = expected(cards, &txns);
+    let url = format!("{}/fraud/transactions", server.base);
+    let mut served = Vec::new();
+    for chunk in txns.chunks(100) {
+        let body = Value::Array(chunk.iter().map(as_json).collect());
+        let (status, reply) = post(&agent, &url, None, &body).unwrap();
+        assert_eq!(status, 200, "{reply}");
+        for result in reply["results"].as_array().unwrap() {
+            let rule = result["rule"].as_u64().unwrap() as u8;
+            assert_eq!(result["fraud"], rule != 0);
+            served.push(rule);
+        }
+    }
+    assert_eq!(served, verdicts);
+
+    let card = txns[0].card;
+    let (status, history) = get(&agent, &format!("{}/fraud/cards/{card:014}", server.base));
+    assert_eq!(status, 200);
+    let stored = store.history(card);
+    let listed = history["transactions"].as_array().unwrap();
+    assert_eq!(listed.len(), stored.len());
+    for (entry, (txn, verdict)) in listed.iter().zip(&stored) {
+        assert_eq!(entry["timestamp"], txn.timestamp.to_string());
+        assert_eq!(entry["code"], txn.code.to_string());
+        if *verdict == UNSCORED {
+            assert!(entry["rule"].is_null());
+        } else {
+            assert_eq!(entry["rule"], u64::from(*verdict));
+        }
+    }
+    let (_, stats) = get(&agent, &format!("{}/fraud/stats", server.base));
+    assert_eq!(stats["scored"], 300);
+    assert_eq!(stats["imported"], u64::from(cards) * 20);
+    assert!(
+        stats["history_bytes_per_transaction"].as_f64().unwrap() < 40.0,
+        "{stats}"
+    );
+
+    let good = as_json(&txns[0]);
+    let with = |field: &str, value: Value| {
+        let mut body = good.clone();
+        body[field] = value;
+        body
+    };
+    let mut missing = good.clone();
+    missing.as_object_mut().unwrap().remove("city");
+    let mut unknown = good.clone();
+    unknown["cvv"] = json!("123");
+    let too_many = Value::Array(vec![good.clone(); 10_001]);
+    let cases = [
+        (with("merchant", json!("22")), "merchant"),
+        (with("card", json!("1234")), "card"),
+        (with("amount", json!("2147483648")), "amount"),
+        (with("country", json!("1a1")), "country"),
+        (with("code", json!(17)), "code"),
+        (with("timestamp", json!(-5)), "timestamp"),
+        (missing, "city: missing"),
+        (unknown, "cvv: unknown field"),
+        (json!([]), "1 to 10000"),
+        (too_many, "1 to 10000"),
+        (json!("text"), "JSON object"),
+    ];
+    for (body, needle) in cases {
+        let (status, reply) = post(&agent, &url, None, &body).unwrap();
+        assert_eq!(status, 400, "{needle}: {reply}");
+        let message = reply["error"]["message"].as_str().unwrap();
+        assert!(message.contains(needle), "{needle:?} not in {message:?}");
+    }
+    assert_eq!(
+        get(&agent, &format!("{}/fraud/cards/12", server.base)).0,
+        400
+    );
+    assert_eq!(
+        get(
+            &agent,
+            &format!("{}/fraud/cards/99999999999999", server.base)
+        )
+        .0,
+        404
+    );
+    let (_, stats) = get(&agent, &format!("{}/fraud/stats", server.base));
+    assert_eq!(stats["scored"], 300, "refused requests change nothing");
+
+    // Card numbers are encrypted in the journal and in the final snapshot. Distinctive numbers, so that
+    // neither their text nor their binary form can turn up by chance.
+    let secret_cards = [
+        31_415_926_535_897u64,
+        27_182_818_284_590,
+        16_180_339_887_498,
+    ];
+    let secrets: Vec<Value> = secret_cards
+        .iter()
+        .map(|card| {
+            as_json(&Txn {
+                card: *card,
+                ..txns[0]
+            })
+        })
+        .collect();
+    assert_eq!(
+        post(&agent, &url, None, &Value::Array(secrets)).unwrap().0,
+        200
+    );
+    assert!(server.terminate().success());
+    let needles: Vec<Vec<u8>> = secret_cards
+        .iter()
+        .flat_map(|card| {
+            [
+                format!("{card:014}").into_bytes(),
+                card.to_le_bytes().to_vec(),
+            ]
+        })
+        .collect();
+    for entry in walk(dir.path()) {
+        let bytes = std::fs::read(&entry).unwrap();
+        for needle in &needles {
+            assert!(
+                !bytes.windows(needle.len()).any(|w| w == needle.as_slice()),
+                "{} holds a card number in clear",
+                entry.display()
+            );
+        }
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    assert!(!files.is_empty());
+    files
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn kill_9_mid_stream_then_resend_scores_every_record_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let stream = format!("127.0.0.1:{}", free_port());
+    let args = [
+        "--apps",
+        "fraud",
+        "--fraud-stream-listen",
+        &stream,
+        "--snapshot-interval-records",
+        "25",
+        "--segment-bytes",
+        "1048576",
+    ];
+    let server = Server::start(dir.path(), &args, None);
+    let agent = agent();
+    let (cards, count, per_ms) = (3000u32, 150_000u64, 20u64);
+    generate_history(&agent, &server, cards);
+    let mut push = Command::new(env!("CARGO_BIN_EXE_spate"));
+    push.args([
+        "fraud",
+        "push",
+        "--server",
+        &stream,
+        "--producer-id",
+        "7",
+        "--batch",
+        "500",
+    ])
+    .args([
+        "--window",
+        "8",
+        "--reconnect-for-secs",
+        "60",
+        "--count",
+        &count.to_string(),
+    ])
+    .args([
+        "--cards",
+        &cards.to_string(),
+        "--start-ms",
+        &START_MS.to_string(),
+    ])
+    .args(["--per-ms", &per_ms.to_string()])
+    .env("RUST_LOG", "error")
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped());
+    let producer = push.spawn().unwrap();
+    let seed: u64 = std::env::var("SPATE_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    let delay_ms = 300 + seed % 700;
+    eprintln!("crash seed {seed}: kill -9 after {delay_ms} ms");
+    std::thread::sleep(Duration::from_millis(delay_ms));
+    server.kill9();
+    std::thread::sleep(Duration::from_millis(300));
+    let server = Server::start(dir.path(), &args, None);
+    let output = producer.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["records"], count);
+    assert!(
+        report["reconnects"].as_u64().unwrap() >= 1,
+        "the kill did not hit the stream: {report}"
+    );
+
+    let txns = generated(cards, count, per_ms);
+    let (store, verdicts) = expected(cards, &txns);
+    let (_, stats) = get(&agent, &format!("{}/fraud/stats", server.base));
+    assert_eq!(stats["scored"], count, "{stats}");
+    assert_eq!(stats["stored_transactions"], store.entries(), "{stats}");
+    let mut by_rule = serde_json::Map::new();
+    for rule in 1..=49u8 {
+        let n = verdicts.iter().filter(|v| **v == rule).count();
+        if n > 0 {
+            by_rule.insert(rule.to_string(), json!(n));
+        }
+    }
+    assert_eq!(stats["flagged_by_rule"], Value::Object(by_rule));
+    for txn in txns.iter().step_by(9973) {
+        let (status, history) = get(
+            &agent,
+            &format!("{}/fraud/cards/{:014}", server.base, txn.card),
+        );
+        assert_eq!(status, 200);
+        let rules: Vec<Value> = history["transactions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["rule"].clone())
+            .collect();
+        let want: Vec<Value> = store
+            .history(txn.card)
+            .iter()
+            .map(|(_, v)| {
+                if *v == UNSCORED {
+                    Value::Null
+                } else {
+                    json!(v)
+                }
+            })
+            .collect();
+        assert_eq!(rules, want, "card {}", txn.card);
+    }
+}
