@@ -343,9 +343,21 @@ fn produce(
         "ack_p50_us": latencies.value_at_quantile(0.5),
         "ack_p99_us": latencies.value_at_quantile(0.99),
         "ack_max_us": latencies.max(),
+        "cpu_s": own_cpu_seconds(),
     });
     println!("{summary}");
     Ok(())
+}
+
+/// User plus system CPU this process has used.
+fn own_cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes into the struct we pass and nothing else.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return f64::NAN;
+    }
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
 
 fn push_command(args: PushArgs) -> anyhow::Result<()> {

@@ -1,5 +1,6 @@
 //! The `spate` command line: parses options and wires the server, the engine and the apps together.
 
+mod bench;
 mod config;
 mod fraud_cli;
 
@@ -24,6 +25,9 @@ enum Commands {
     /// The fraud app's tools: generator, offline scoring, stream producers.
     #[command(subcommand)]
     Fraud(fraud_cli::FraudCommand),
+    /// Benchmarks that start their own server and write a report.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -46,5 +50,6 @@ fn main() -> anyhow::Result<()> {
                 .map_err(anyhow::Error::msg)
         }
         Commands::Fraud(command) => fraud_cli::run(command),
+        Commands::Bench(command) => bench::run(command),
     }
 }

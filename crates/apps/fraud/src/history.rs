@@ -1,11 +1,12 @@
-//! Per-card transaction history, packed: 24 bytes per stored transaction plus 8 per card, exact.
+//! Per-card transaction history, packed: 24 bytes per stored transaction plus 10 per card, exact.
 //!
-//! A card's history is one allocation: an 8-byte base timestamp, then its entries newest first (among
-//! equal timestamps, the one stored later first). An entry keeps every field's exact text (values plus
-//! digit counts) and the verdict; the timestamp is an offset from the base. Entries more than 90 days
-//! older than the card's newest are dropped, so offsets stay far below their 34-bit limit. The
-//! allocation has exactly the size of the entries stored: memory grows with what is stored, not with the
-//! per-card cap.
+//! A card's history is one allocation: a header (base timestamp u64, entry count u16), then its entries
+//! newest first (among equal timestamps, the one stored later first), then room for up to
+//! [`GROWTH_ENTRIES`] - 1 more. An entry keeps every field's exact text (values plus digit counts) and the
+//! verdict; its timestamp is an offset from the base. Entries more than 90 days older than the card's
+//! newest are dropped, so offsets stay far below their 34-bit limit. Memory grows with the entries stored
+//! (in steps of [`GROWTH_ENTRIES`], so a stream of transactions does not reallocate on every one), not
+//! with the per-card cap.
 
 use crate::generator::HISTORY_WINDOW_MS;
 use crate::record::{Digits, Txn};
@@ -14,8 +15,10 @@ use std::collections::HashMap;
 use std::io::{self, Read, Write};
 
 pub const ENTRY_BYTES: usize = 24;
-const BASE_BYTES: usize = 8;
+const HEADER_BYTES: usize = 10;
 const OFFSET_BITS: u32 = 34;
+/// A card's allocation grows by this many entries at a time.
+pub const GROWTH_ENTRIES: usize = 4;
 /// The verdict stored with history that was imported rather than scored.
 pub const UNSCORED: u8 = 63;
 /// Default per-card cap on stored entries.
@@ -24,15 +27,15 @@ pub const ENTRIES_PER_CARD_DEFAULT: usize = 32;
 pub const ENTRIES_PER_CARD_MAX: usize = 4096;
 
 const _: () = assert!(HISTORY_WINDOW_MS < 1 << OFFSET_BITS);
+const _: () = assert!(ENTRIES_PER_CARD_MAX <= u16::MAX as usize);
 
 fn field(word: u128, shift: u32, bits: u32) -> u64 {
     ((word >> shift) & ((1u128 << bits) - 1)) as u64
 }
 
-/// One packed entry. Layout of the low 128 bits (what scoring reads most):
-/// offset 34 | amount 31 | country 10 | merchant 14 | code 34 | code digits-1 4;
-/// high 64 bits: timestamp leading zeros 5 | amount leading zeros 4 | currency 10 | response 7 |
-/// city 17 | verdict 6.
+/// One packed entry. Low 128 bits (what scoring reads most): offset 34 | amount 31 | country 10 |
+/// merchant 14 | code 34 | code digits-1 4; high 64 bits: timestamp digits 5 | amount digits 4 |
+/// currency 10 | response 7 | city 17 | verdict 6.
 fn pack(txn: &Txn, verdict: u8, base_ms: u64) -> [u8; ENTRY_BYTES] {
     let offset = txn.timestamp_ms() - base_ms;
     debug_assert!(offset < 1 << OFFSET_BITS, "offset {offset} exceeds 34 bits");
@@ -44,8 +47,8 @@ fn pack(txn: &Txn, verdict: u8, base_ms: u64) -> [u8; ENTRY_BYTES] {
         | u128::from(txn.merchant) << 75
         | u128::from(txn.code.value) << 89
         | u128::from(txn.code.len - 1) << 123;
-    let high = u64::from(txn.timestamp.leading_zeros())
-        | u64::from(txn.amount.leading_zeros()) << 5
+    let high = u64::from(txn.timestamp.len)
+        | u64::from(txn.amount.len) << 5
         | u64::from(txn.currency) << 9
         | u64::from(txn.response) << 19
         | u64::from(txn.city) << 26
@@ -67,16 +70,18 @@ fn timestamp_of(entry: &[u8], base_ms: u64) -> u64 {
 fn unpack(entry: &[u8], base_ms: u64, card: u64) -> (Txn, u8) {
     let low = low_word(entry);
     let high = u64::from_le_bytes(entry[16..].try_into().expect("8 bytes"));
-    let with_zeros = |value: u64, zeros: u64| Digits {
-        value,
-        len: crate::record::digit_count(value) + zeros as u8,
-    };
     let txn = Txn {
         card,
-        timestamp: with_zeros(base_ms + field(low, 0, OFFSET_BITS), high & 0x1f),
+        timestamp: Digits {
+            value: base_ms + field(low, 0, OFFSET_BITS),
+            len: (high & 0x1f) as u8,
+        },
         country: field(low, 65, 10) as u16,
         response: ((high >> 19) & 0x7f) as u8,
-        amount: with_zeros(field(low, 34, 31), (high >> 5) & 0xf),
+        amount: Digits {
+            value: field(low, 34, 31),
+            len: ((high >> 5) & 0xf) as u8,
+        },
         currency: ((high >> 9) & 0x3ff) as u16,
         merchant: field(low, 75, 14) as u16,
         city: ((high >> 26) & 0x1_ffff) as u32,
@@ -88,20 +93,21 @@ fn unpack(entry: &[u8], base_ms: u64, card: u64) -> (Txn, u8) {
     (txn, ((high >> 43) & 0x3f) as u8)
 }
 
-/// One card's packed history: base timestamp, then entries newest first.
+/// One card's packed history.
 struct CardHistory<'a>(&'a [u8]);
 
 impl CardHistory<'_> {
     fn base_ms(&self) -> u64 {
-        u64::from_le_bytes(self.0[..BASE_BYTES].try_into().expect("8 bytes"))
+        u64::from_le_bytes(self.0[..8].try_into().expect("8 bytes"))
     }
 
     fn len(&self) -> usize {
-        (self.0.len() - BASE_BYTES) / ENTRY_BYTES
+        usize::from(u16::from_le_bytes([self.0[8], self.0[9]]))
     }
 
     fn entry(&self, index: usize) -> &[u8] {
-        let start = BASE_BYTES + index * ENTRY_BYTES;
+        debug_assert!(index < self.len());
+        let start = HEADER_BYTES + index * ENTRY_BYTES;
         &self.0[start..start + ENTRY_BYTES]
     }
 
@@ -114,6 +120,24 @@ impl CardHistory<'_> {
             .map(|i| unpack(self.entry(i), self.base_ms(), card))
             .collect()
     }
+
+    /// The header and the stored entries, without spare room.
+    fn used_bytes(&self) -> usize {
+        HEADER_BYTES + self.len() * ENTRY_BYTES
+    }
+}
+
+fn set_len(packed: &mut [u8], len: usize) {
+    packed[8..10].copy_from_slice(&(len as u16).to_le_bytes());
+}
+
+fn capacity_of(packed: &[u8]) -> usize {
+    (packed.len() - HEADER_BYTES) / ENTRY_BYTES
+}
+
+/// Room for `len` entries, rounded up to the growth step and capped.
+fn allocation_bytes(len: usize, cap: usize) -> usize {
+    HEADER_BYTES + len.next_multiple_of(GROWTH_ENTRIES).min(cap).max(len) * ENTRY_BYTES
 }
 
 /// Every card's history on one partition.
@@ -191,10 +215,7 @@ impl HistoryStore {
         let t = txn.timestamp_ms();
         let cap = self.entries_per_card_max;
         let Some(packed) = self.cards.get_mut(&txn.card) else {
-            let mut fresh = Vec::with_capacity(BASE_BYTES + ENTRY_BYTES);
-            fresh.extend_from_slice(&t.to_le_bytes());
-            fresh.extend_from_slice(&pack(txn, verdict, t));
-            self.cards.insert(txn.card, fresh.into_boxed_slice());
+            self.cards.insert(txn.card, encode(&[(*txn, verdict)], cap));
             self.entries += 1;
             return;
         };
@@ -204,7 +225,7 @@ impl HistoryStore {
         let newest_ms = history.timestamp(0).max(t);
         let fits_base = t >= base_ms && t - base_ms < 1 << OFFSET_BITS;
         if !fits_base {
-            self.entries -= len as u64;
+            // Rare (an entry older than the base, or a jump of months): rebuild with a new base.
             let mut all = history.decode_all(txn.card);
             let position = all
                 .iter()
@@ -213,11 +234,11 @@ impl HistoryStore {
             all.insert(position, (*txn, verdict));
             all.truncate(cap);
             all.retain(|(h, _)| h.timestamp_ms() + HISTORY_WINDOW_MS > newest_ms);
-            self.entries += all.len() as u64;
+            self.entries = self.entries - len as u64 + all.len() as u64;
             if all.is_empty() {
                 self.cards.remove(&txn.card);
             } else {
-                *packed = encode(&all);
+                *packed = encode(&all, cap);
             }
             return;
         }
@@ -225,44 +246,45 @@ impl HistoryStore {
         if position == cap {
             return; // Older than every entry of a full history: it would be the one dropped.
         }
-        let entry = pack(txn, verdict, base_ms);
-        let mut bytes = std::mem::take(packed).into_vec();
-        let at = BASE_BYTES + position * ENTRY_BYTES;
-        if len < cap {
-            bytes.reserve_exact(ENTRY_BYTES);
-            bytes.splice(at..at, entry);
-            self.entries += 1;
-        } else {
-            let end = bytes.len() - ENTRY_BYTES;
-            bytes.copy_within(at..end, at + ENTRY_BYTES);
-            bytes[at..at + ENTRY_BYTES].copy_from_slice(&entry);
+        let new_len = (len + 1).min(cap);
+        if new_len > capacity_of(packed) {
+            let mut grown = std::mem::take(packed).into_vec();
+            let bytes = allocation_bytes(new_len, cap);
+            grown.reserve_exact(bytes - grown.len());
+            grown.resize(bytes, 0);
+            *packed = grown.into_boxed_slice();
         }
-        let mut kept = (bytes.len() - BASE_BYTES) / ENTRY_BYTES;
+        // Shift the entries from `position` back by one (the last falls off a full history) and insert.
+        let at = HEADER_BYTES + position * ENTRY_BYTES;
+        let end = HEADER_BYTES + (new_len - 1) * ENTRY_BYTES;
+        packed.copy_within(at..end, at + ENTRY_BYTES);
+        packed[at..at + ENTRY_BYTES].copy_from_slice(&pack(txn, verdict, base_ms));
+        let mut kept = new_len;
         while kept > 1
-            && timestamp_of(&bytes[BASE_BYTES + (kept - 1) * ENTRY_BYTES..], base_ms)
+            && timestamp_of(&packed[HEADER_BYTES + (kept - 1) * ENTRY_BYTES..], base_ms)
                 + HISTORY_WINDOW_MS
                 <= newest_ms
         {
             kept -= 1;
         }
-        let dropped = (bytes.len() - BASE_BYTES) / ENTRY_BYTES - kept;
-        if dropped > 0 {
-            bytes.truncate(BASE_BYTES + kept * ENTRY_BYTES);
-            self.entries -= dropped as u64;
-            // The newest entry is never older than 90 days before itself, so `kept` is at least 1; if
-            // it alone is stale relative to nothing, nothing is dropped.
+        set_len(packed, kept);
+        self.entries = self.entries - len as u64 + kept as u64;
+        if capacity_of(packed) >= kept + 2 * GROWTH_ENTRIES {
+            let mut shrunk = std::mem::take(packed).into_vec();
+            shrunk.truncate(allocation_bytes(kept, cap));
+            *packed = shrunk.into_boxed_slice();
         }
-        *packed = bytes.into_boxed_slice();
-        debug_assert!(CardHistory(packed).len() <= cap);
+        debug_assert!(kept >= 1 && kept <= cap && kept <= capacity_of(packed));
     }
 
     pub fn write_snapshot(&self, out: &mut dyn Write) -> io::Result<()> {
         out.write_all(&(self.entries_per_card_max as u64).to_le_bytes())?;
         out.write_all(&(self.cards.len() as u64).to_le_bytes())?;
         for (card, packed) in &self.cards {
+            let used = &packed[..CardHistory(packed).used_bytes()];
             out.write_all(&card.to_le_bytes())?;
-            out.write_all(&(packed.len() as u32).to_le_bytes())?;
-            out.write_all(packed)?;
+            out.write_all(&(used.len() as u32).to_le_bytes())?;
+            out.write_all(used)?;
         }
         Ok(())
     }
@@ -288,15 +310,19 @@ impl HistoryStore {
             let mut len = [0; 4];
             input.read_exact(&mut len)?;
             let len = u32::from_le_bytes(len) as usize;
-            if len < BASE_BYTES + ENTRY_BYTES
-                || !(len - BASE_BYTES).is_multiple_of(ENTRY_BYTES)
-                || len > BASE_BYTES + cap * ENTRY_BYTES
+            if len < HEADER_BYTES + ENTRY_BYTES
+                || !(len - HEADER_BYTES).is_multiple_of(ENTRY_BYTES)
+                || len > HEADER_BYTES + cap * ENTRY_BYTES
             {
                 return Err(invalid("bad card history length"));
             }
             let mut packed = vec![0; len];
             input.read_exact(&mut packed)?;
-            store.entries += ((len - BASE_BYTES) / ENTRY_BYTES) as u64;
+            let entries = CardHistory(&packed).len();
+            if entries != (len - HEADER_BYTES) / ENTRY_BYTES {
+                return Err(invalid("card history count disagrees with its length"));
+            }
+            store.entries += entries as u64;
             store.cards.insert(card, packed.into_boxed_slice());
         }
         Ok(store)
@@ -304,17 +330,19 @@ impl HistoryStore {
 }
 
 /// Packs entries (newest first) with the oldest timestamp as the base.
-fn encode(entries: &[(Txn, u8)]) -> Box<[u8]> {
+fn encode(entries: &[(Txn, u8)], cap: usize) -> Box<[u8]> {
     let base_ms = entries
         .iter()
         .map(|(t, _)| t.timestamp_ms())
         .min()
         .expect("at least one entry");
-    let mut bytes = Vec::with_capacity(BASE_BYTES + entries.len() * ENTRY_BYTES);
+    let mut bytes = Vec::with_capacity(allocation_bytes(entries.len(), cap));
     bytes.extend_from_slice(&base_ms.to_le_bytes());
+    bytes.extend_from_slice(&(entries.len() as u16).to_le_bytes());
     for (txn, verdict) in entries {
         bytes.extend_from_slice(&pack(txn, *verdict, base_ms));
     }
+    bytes.resize(allocation_bytes(entries.len(), cap), 0);
     bytes.into_boxed_slice()
 }
 
@@ -393,8 +421,18 @@ mod tests {
         store.store(&txn(2, T, 1), 0);
         assert_eq!(store.entries(), 4);
         assert_eq!(store.cards(), 2);
-        let packed: usize = store.cards.values().map(|h| h.len()).sum();
-        assert_eq!(packed, 2 * BASE_BYTES + 4 * ENTRY_BYTES);
+        // Card 1 holds its cap of 3; card 2 one entry, with room up to the growth step or the cap.
+        assert_eq!(store.cards[&1].len(), HEADER_BYTES + 3 * ENTRY_BYTES);
+        assert_eq!(store.cards[&2].len(), HEADER_BYTES + 3 * ENTRY_BYTES);
+        let mut store = HistoryStore::new(32);
+        for i in 0..9 {
+            store.store(&txn(1, T + i, i), 0);
+        }
+        assert_eq!(
+            store.cards[&1].len(),
+            HEADER_BYTES + 12 * ENTRY_BYTES,
+            "grows in steps"
+        );
     }
 
     #[test]

@@ -1,0 +1,302 @@
+//! `spate bench fraud`: the fraud benchmark end to end on this machine, generator included. Starts a
+//! fresh server on a temporary data directory, loads the case study's history in place, runs the
+//! generator -> acknowledged stream -> scoring -> durable journal pipeline several times, and writes a
+//! Markdown and a JSON report.
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Generator -> acknowledged stream -> 49-rule scoring against real history -> durable journal.
+    Fraud(FraudBench),
+}
+
+#[derive(Args)]
+pub struct FraudBench {
+    /// Cards in the history (the case study's local reference used 1,000,000)
+    #[arg(long, default_value_t = 1_000_000)]
+    cards: u32,
+    /// Transactions per run
+    #[arg(long, default_value_t = 10_000_000)]
+    count: u64,
+    /// Runs; the report quotes their median
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Records per stream batch
+    #[arg(long, default_value_t = 8192)]
+    batch: usize,
+    /// Unacknowledged batches per producer
+    #[arg(long, default_value_t = 32)]
+    window: usize,
+    /// Server partitions [default: one per core]
+    #[arg(long)]
+    partitions: Option<u16>,
+    /// Where the report goes
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+}
+
+/// The case study's own code on this machine with its history restored (seeds README): the peer figure.
+const CASE_STUDY_TPS: f64 = 48_700.0;
+
+pub fn run(command: BenchCommand) -> anyhow::Result<()> {
+    match command {
+        BenchCommand::Fraud(args) => fraud(args),
+    }
+}
+
+struct Spawned {
+    child: Child,
+    http: String,
+    stream: String,
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        // SIGTERM first so the server can stop cleanly; then make sure it is gone.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+fn start_server(data_dir: &std::path::Path, partitions: Option<u16>) -> anyhow::Result<Spawned> {
+    let mut command = Command::new(std::env::current_exe()?);
+    command
+        .args(["serve", "--apps", "fraud", "--listen", "127.0.0.1:0"])
+        .args(["--fraud-stream-listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    if let Some(partitions) = partitions {
+        command.args(["--partitions", &partitions.to_string()]);
+    }
+    let mut child = command.spawn().context("starting spate serve")?;
+    let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    let mut stream = None;
+    loop {
+        let line = lines.next().context("server exited before listening")??;
+        if let Some(address) = line.strip_prefix("spate fraud stream on ") {
+            stream = Some(address.to_string());
+        } else if let Some(http) = line.strip_prefix("spate listening on ") {
+            let stream = stream.context("no stream address announced")?;
+            return Ok(Spawned {
+                child,
+                http: http.to_string(),
+                stream,
+            });
+        }
+    }
+}
+
+/// User and system CPU seconds a process has used so far, from /proc.
+fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after_name = &stat[stat.rfind(')').context("malformed /proc stat")? + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+    Ok(ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
+}
+
+fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .context("no VmRSS")?;
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .context("no VmRSS value")?
+        .parse()?;
+    Ok(kib * 1024)
+}
+
+pub fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let memory_gib = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0 / 1024.0);
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores ({model}), {memory_gib:.0} GiB")
+}
+
+fn post_json(url: &str, body: &Value) -> anyhow::Result<Value> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(std::time::Duration::from_secs(3600)))
+        .build()
+        .into();
+    Ok(agent.post(url).send_json(body)?.body_mut().read_json()?)
+}
+
+fn get_json(url: &str) -> anyhow::Result<Value> {
+    Ok(ureq::get(url).call()?.body_mut().read_json()?)
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn fraud(args: FraudBench) -> anyhow::Result<()> {
+    if args.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let started_at = crate::fraud_cli::wall_ms();
+    let data_dir = tempfile::tempdir()?;
+    let server = start_server(data_dir.path(), args.partitions)?;
+    let server_pid = server.child.id();
+    let now_ms = started_at;
+    eprintln!("loading history: {} cards x 20 ...", args.cards);
+    let load_started = Instant::now();
+    let loaded = post_json(
+        &format!("{}/fraud/history/generate", server.http),
+        &json!({"cards": args.cards, "now_ms": now_ms}),
+    )?;
+    let load_seconds = load_started.elapsed().as_secs_f64();
+    let mut runs = Vec::new();
+    for run in 0..args.runs {
+        let cpu_before = cpu_seconds(server_pid)?;
+        let mut push = Command::new(std::env::current_exe()?);
+        push.args(["fraud", "push", "--server", &server.stream])
+            .args([
+                "--cards",
+                &args.cards.to_string(),
+                "--count",
+                &args.count.to_string(),
+            ])
+            .args([
+                "--batch",
+                &args.batch.to_string(),
+                "--window",
+                &args.window.to_string(),
+            ])
+            .args(["--start-ms", &(now_ms + run as u64 * 3_600_000).to_string()])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped());
+        let producer = push.spawn().context("starting spate fraud push")?;
+        let output = producer.wait_with_output()?;
+        if !output.status.success() {
+            bail!("the producer failed in run {run}");
+        }
+        let report: Value = serde_json::from_slice(&output.stdout).context("producer summary")?;
+        let server_cpu = cpu_seconds(server_pid)? - cpu_before;
+        let seconds = report["seconds"].as_f64().unwrap_or(f64::NAN);
+        let scored = report["scored"].as_u64().unwrap_or(0);
+        if scored != args.count {
+            bail!(
+                "run {run}: {scored} of {} transactions acknowledged as scored",
+                args.count
+            );
+        }
+        let entry = json!({
+            "run": run,
+            "transactions": scored,
+            "seconds": seconds,
+            "transactions_per_s": scored as f64 / seconds,
+            "ack_p50_us": report["ack_p50_us"],
+            "ack_p99_us": report["ack_p99_us"],
+            "server_cpu_s": server_cpu,
+            "producer_cpu_s": report["cpu_s"],
+        });
+        eprintln!("run {run}: {entry}");
+        runs.push(entry);
+    }
+    let stats = get_json(&format!("{}/fraud/stats", server.http))?;
+    let rss = rss_bytes(server_pid)?;
+    drop(server);
+
+    let mut rates: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| r["transactions_per_s"].as_f64())
+        .collect();
+    let median_rate = median(&mut rates);
+    let stored = stats["stored_transactions"].as_u64().unwrap_or(1).max(1);
+    let command_line = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
+    let report = json!({
+        "benchmark": "fraud",
+        "date_ms": started_at,
+        "machine": machine(),
+        "command": format!("spate {command_line}"),
+        "cards": args.cards,
+        "history_load_seconds": load_seconds,
+        "history_loaded": loaded["stored"],
+        "runs": runs,
+        "median_transactions_per_s": median_rate,
+        "case_study_transactions_per_s": CASE_STUDY_TPS,
+        "ratio_to_case_study": median_rate / CASE_STUDY_TPS,
+        "stored_transactions": stored,
+        "server_rss_bytes": rss,
+        "rss_bytes_per_stored_transaction": rss as f64 / stored as f64,
+        "history_bytes_per_stored_transaction": stats["history_bytes_per_transaction"],
+        "flagged_by_rule": stats["flagged_by_rule"],
+    });
+    std::fs::create_dir_all(&args.out)?;
+    std::fs::write(
+        args.out.join("fraud.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    std::fs::write(args.out.join("fraud.md"), markdown(&report))?;
+    println!("{}", markdown(&report));
+    eprintln!("report written to {}", args.out.join("fraud.md").display());
+    Ok(())
+}
+
+fn markdown(report: &Value) -> String {
+    let mut text = format!(
+        "## fraud: generator -> acknowledged stream -> scoring -> durable journal\n\n\
+         - machine: {}\n- command: `{}`\n- history: {} cards x 20 generated in place in {:.1} s\n\n\
+         | run | transactions | seconds | transactions/s | batch ack p50 | batch ack p99 | server CPU s | producer CPU s |\n\
+         |---|---|---|---|---|---|---|---|\n",
+        report["machine"].as_str().unwrap_or(""),
+        report["command"].as_str().unwrap_or(""),
+        report["cards"],
+        report["history_load_seconds"].as_f64().unwrap_or(0.0),
+    );
+    for run in report["runs"].as_array().into_iter().flatten() {
+        text += &format!(
+            "| {} | {} | {:.2} | {:.0} | {:.1} ms | {:.1} ms | {:.2} | {:.2} |\n",
+            run["run"],
+            run["transactions"],
+            run["seconds"].as_f64().unwrap_or(0.0),
+            run["transactions_per_s"].as_f64().unwrap_or(0.0),
+            run["ack_p50_us"].as_f64().unwrap_or(0.0) / 1000.0,
+            run["ack_p99_us"].as_f64().unwrap_or(0.0) / 1000.0,
+            run["server_cpu_s"].as_f64().unwrap_or(0.0),
+            run["producer_cpu_s"].as_f64().unwrap_or(0.0),
+        );
+    }
+    text += &format!(
+        "\n- median: **{:.0} transactions/s**, {:.1}x the case study's own code on this machine ({:.0}/s, \
+         seeds README)\n- memory: {:.1} bytes per stored transaction by server RSS ({} stored), {:.1} by the \
+         history store's own count\n",
+        report["median_transactions_per_s"].as_f64().unwrap_or(0.0),
+        report["ratio_to_case_study"].as_f64().unwrap_or(0.0),
+        report["case_study_transactions_per_s"]
+            .as_f64()
+            .unwrap_or(0.0),
+        report["rss_bytes_per_stored_transaction"]
+            .as_f64()
+            .unwrap_or(0.0),
+        report["stored_transactions"],
+        report["history_bytes_per_stored_transaction"]
+            .as_f64()
+            .unwrap_or(0.0),
+    );
+    text
+}
