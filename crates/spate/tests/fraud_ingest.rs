@@ -1,0 +1,302 @@
+//! The fraud app's other ingest paths and tools against the real binary: bad input on the binary
+//! stream, a producer that disconnects mid-batch, the pull bridge from a case-study source, and the
+//! generator and offline scorer on files.
+
+mod support;
+
+use serde_json::{Value, json};
+use spate_fraud::generator::{HistoryGenerator, Seeds, TxnGenerator};
+use spate_fraud::history::{ENTRIES_PER_CARD_DEFAULT, HistoryStore, UNSCORED};
+use spate_fraud::record::{RECORD_BYTES, Txn};
+use spate_fraud::rules::CaseStudyRules;
+use spate_fraud::stream::{Ack, KIND_SCORE, STATUS_DURABLE, STATUS_INVALID, encode_batch};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use support::{Server, agent, get, post};
+
+const START_MS: u64 = 1_800_000_000_000;
+
+fn expected_verdicts(cards: u32, txns: &[Txn]) -> Vec<u8> {
+    let mut store = HistoryStore::new(ENTRIES_PER_CARD_DEFAULT);
+    for txn in HistoryGenerator::new(&Seeds::default(), cards, 20, START_MS) {
+        store.store(&txn, UNSCORED);
+    }
+    let mut window = Vec::new();
+    txns.iter()
+        .map(|txn| store.score_and_store(txn, &CaseStudyRules, &mut window))
+        .collect()
+}
+
+fn generated(cards: u32, count: u64) -> Vec<Txn> {
+    let mut generator = TxnGenerator::new(&Seeds::default(), cards);
+    (0..count)
+        .map(|i| generator.next_txn(START_MS + i / 1000))
+        .collect()
+}
+
+fn records(txns: &[Txn]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for txn in txns {
+        txn.write_record(&mut bytes);
+    }
+    bytes
+}
+
+fn read_ack(socket: &mut TcpStream) -> Ack {
+    let mut len = [0; 4];
+    socket.read_exact(&mut len).expect("an ack");
+    let mut body = vec![0; u32::from_le_bytes(len) as usize];
+    socket.read_exact(&mut body).unwrap();
+    Ack::decode(&body).expect("a well-formed ack")
+}
+
+fn stats(server: &Server) -> Value {
+    get(&agent(), &format!("{}/fraud/stats", server.base)).1
+}
+
+fn by_rule(verdicts: &[u8]) -> Value {
+    let mut counts = serde_json::Map::new();
+    for rule in 1..=49u8 {
+        let n = verdicts.iter().filter(|v| **v == rule).count();
+        if n > 0 {
+            counts.insert(rule.to_string(), json!(n));
+        }
+    }
+    Value::Object(counts)
+}
+
+fn generate_history(server: &Server, cards: u32) {
+    let url = format!("{}/fraud/history/generate", server.base);
+    let (status, _) = post(
+        &agent(),
+        &url,
+        None,
+        &json!({"cards": cards, "now_ms": START_MS}),
+    )
+    .unwrap();
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn malformed_records_are_skipped_and_bad_frames_refused_while_the_stream_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--apps", "fraud"], None);
+    let mut socket = TcpStream::connect(server.stream.as_ref().unwrap()).unwrap();
+    let txns = generated(100, 3);
+    let mut batch = records(&txns);
+    batch[RECORD_BYTES + 20] = b'x';
+    socket
+        .write_all(&encode_batch(KIND_SCORE, 1, 0, &batch))
+        .unwrap();
+    let ack = read_ack(&mut socket);
+    assert_eq!(
+        (ack.seq, ack.status, ack.scored, ack.malformed),
+        (0, STATUS_DURABLE, 2, 1)
+    );
+
+    socket
+        .write_all(&encode_batch(KIND_SCORE, 1, 1, &batch[..150]))
+        .unwrap();
+    let ack = read_ack(&mut socket);
+    assert_eq!((ack.seq, ack.status), (1, STATUS_INVALID));
+    assert!(ack.message.contains("100-byte records"), "{}", ack.message);
+    socket.write_all(&encode_batch(9, 1, 2, &batch)).unwrap();
+    let ack = read_ack(&mut socket);
+    assert_eq!((ack.seq, ack.status), (2, STATUS_INVALID));
+
+    socket
+        .write_all(&encode_batch(KIND_SCORE, 1, 3, &records(&txns)))
+        .unwrap();
+    let ack = read_ack(&mut socket);
+    assert_eq!((ack.seq, ack.status, ack.scored), (3, STATUS_DURABLE, 3));
+
+    // A length beyond any batch is refused and the connection closed, before anything is read into memory.
+    socket.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    assert_eq!(read_ack(&mut socket).status, STATUS_INVALID);
+    let mut rest = Vec::new();
+    assert_eq!(socket.read_to_end(&mut rest).unwrap_or(0), 0);
+
+    assert_eq!(stats(&server)["scored"], 5);
+    let metrics = agent()
+        .get(&format!("{}/metrics", server.base))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    assert!(
+        metrics.contains("spate_fraud_records_rejected_total{source=\"stream\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("spate_fraud_transactions_scored_total 5"));
+}
+
+#[test]
+fn a_producer_that_disconnects_mid_batch_loses_only_that_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--apps", "fraud"], None);
+    let address = server.stream.clone().unwrap();
+    let txns = generated(100, 40);
+    let first = encode_batch(KIND_SCORE, 5, 0, &records(&txns[..20]));
+    let second = encode_batch(KIND_SCORE, 5, 1, &records(&txns[20..]));
+    let mut socket = TcpStream::connect(&address).unwrap();
+    socket.write_all(&first).unwrap();
+    assert_eq!(read_ack(&mut socket).status, STATUS_DURABLE);
+    socket.write_all(&second[..second.len() / 2]).unwrap();
+    drop(socket);
+    assert!(support::eventually(
+        std::time::Duration::from_secs(5),
+        || stats(&server)["scored"] == 20
+    ));
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(
+        stats(&server)["scored"],
+        20,
+        "half a batch is never applied"
+    );
+
+    // Resending both (as a producer does after reconnecting) applies the second once and the first not again.
+    let mut socket = TcpStream::connect(&address).unwrap();
+    socket.write_all(&first).unwrap();
+    socket.write_all(&second).unwrap();
+    let acks = [read_ack(&mut socket), read_ack(&mut socket)];
+    assert!(acks.iter().all(|a| a.status == STATUS_DURABLE));
+    let stats = stats(&server);
+    assert_eq!(stats["scored"], 40);
+    assert_eq!(
+        stats["flagged_by_rule"],
+        by_rule(&expected_verdicts_without_history(&txns))
+    );
+}
+
+/// Verdicts when no history was loaded.
+fn expected_verdicts_without_history(txns: &[Txn]) -> Vec<u8> {
+    let mut store = HistoryStore::new(ENTRIES_PER_CARD_DEFAULT);
+    let mut window = Vec::new();
+    txns.iter()
+        .map(|txn| store.score_and_store(txn, &CaseStudyRules, &mut window))
+        .collect()
+}
+
+fn spate() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_spate"));
+    command.env("RUST_LOG", "warn").stdin(Stdio::null());
+    command
+}
+
+#[test]
+fn pull_scores_what_a_case_study_source_sends() {
+    let (cards, count) = (200u32, 5000u64);
+    let mut source = spate()
+        .args([
+            "fraud",
+            "gen",
+            "--serve",
+            "127.0.0.1:0",
+            "--count",
+            &count.to_string(),
+        ])
+        .args([
+            "--cards",
+            &cards.to_string(),
+            "--start-ms",
+            &START_MS.to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(source.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let source_address = line
+        .trim()
+        .strip_prefix("spate fraud source on ")
+        .unwrap()
+        .to_string();
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--apps", "fraud"], None);
+    generate_history(&server, cards);
+    let output = spate()
+        .args(["fraud", "pull", "--source", &source_address])
+        .args([
+            "--server",
+            server.stream.as_ref().unwrap(),
+            "--count",
+            &count.to_string(),
+        ])
+        .args(["--batch", "700"])
+        .output()
+        .unwrap();
+    source.kill().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["scored"], count);
+    let stats = stats(&server);
+    assert_eq!(stats["scored"], count);
+    let verdicts = expected_verdicts(cards, &generated(cards, count));
+    assert_eq!(stats["flagged_by_rule"], by_rule(&verdicts));
+}
+
+#[test]
+fn gen_writes_case_study_files_and_score_reproduces_the_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let (history, txns_path, out) = (
+        dir.path().join("h.dat"),
+        dir.path().join("t.dat"),
+        dir.path().join("r.csv"),
+    );
+    let (cards, count) = (300u32, 4000u64);
+    let status = spate()
+        .args([
+            "fraud",
+            "gen",
+            "--cards",
+            &cards.to_string(),
+            "--count",
+            &count.to_string(),
+        ])
+        .args(["--start-ms", &START_MS.to_string(), "--history-out"])
+        .arg(&history)
+        .arg("--txns-out")
+        .arg(&txns_path)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(
+        std::fs::metadata(&history).unwrap().len(),
+        u64::from(cards) * 20 * RECORD_BYTES as u64
+    );
+    let txns = generated(cards, count);
+    assert_eq!(std::fs::read(&txns_path).unwrap(), records(&txns));
+
+    let status = spate()
+        .args(["fraud", "score", "--history"])
+        .arg(&history)
+        .arg("--txns")
+        .arg(&txns_path)
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let verdicts = expected_verdicts(cards, &txns);
+    let text = std::fs::read_to_string(&out).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("seq,card,fraud,rule"));
+    for (seq, line) in lines.enumerate() {
+        let rule = verdicts[seq];
+        let want = format!(
+            "{seq},{:014},{},{rule}",
+            txns[seq].card,
+            u8::from(rule != 0)
+        );
+        assert_eq!(line, want);
+    }
+}
