@@ -20,6 +20,7 @@ fn scoring(c: &mut Criterion) {
     }
     let mut generator = TxnGenerator::new(&seeds, CARDS);
     let mut window = Vec::new();
+    let mut verdicts = Vec::with_capacity(BATCH);
     let mut group = c.benchmark_group("fraud");
     group.throughput(Throughput::Elements(BATCH as u64));
     group.bench_function("score_and_store_1M_cards_x20", |b| {
@@ -30,9 +31,9 @@ fn scoring(c: &mut Criterion) {
                     .collect::<Vec<_>>()
             },
             |txns| {
-                for txn in &txns {
-                    black_box(store.score_and_store(txn, &CaseStudyRules, &mut window));
-                }
+                verdicts.clear();
+                store.score_batch(&txns, &CaseStudyRules, &mut window, &mut verdicts);
+                black_box(&verdicts);
             },
             BatchSize::LargeInput,
         )

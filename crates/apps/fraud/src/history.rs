@@ -140,6 +140,19 @@ fn allocation_bytes(len: usize, cap: usize) -> usize {
     HEADER_BYTES + len.next_multiple_of(GROWTH_ENTRIES).min(cap).max(len) * ENTRY_BYTES
 }
 
+/// How many transactions ahead [`HistoryStore::score_batch`] prefetches (measured: see BENCHMARKS.md).
+pub const PREFETCH_AHEAD: usize = 8;
+
+#[cfg(target_arch = "x86_64")]
+fn prefetch_read(address: *const u8) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    // SAFETY: a prefetch is a hint; it never faults and never dereferences in a way Rust can observe.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(address.cast()) };
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn prefetch_read(_address: *const u8) {}
+
 /// Every card's history on one partition.
 pub struct HistoryStore {
     cards: HashMap<u64, Box<[u8]>, foldhash::fast::RandomState>,
@@ -199,6 +212,32 @@ impl HistoryStore {
         let verdict = rules.score(txn, window);
         self.store(txn, verdict);
         verdict
+    }
+
+    /// Scores and stores each of `txns` in order (see [`Self::score_and_store`]), appending the verdicts
+    /// to `verdicts`. Cards are random, so each history is a cache miss: the store starts fetching the
+    /// history of the transaction [`PREFETCH_AHEAD`] places ahead, so that misses overlap.
+    pub fn score_batch(
+        &mut self,
+        txns: &[Txn],
+        rules: &dyn RuleSet,
+        window: &mut Vec<Txn>,
+        verdicts: &mut Vec<u8>,
+    ) {
+        for (index, txn) in txns.iter().enumerate() {
+            if let Some(ahead) = txns.get(index + PREFETCH_AHEAD) {
+                self.prefetch(ahead.card);
+            }
+            verdicts.push(self.score_and_store(txn, rules, window));
+        }
+    }
+
+    fn prefetch(&self, card: u64) {
+        if let Some(packed) = self.cards.get(&card) {
+            for offset in (0..packed.len()).step_by(64) {
+                prefetch_read(packed.as_ptr().wrapping_add(offset));
+            }
+        }
     }
 
     /// The card's stored history, newest first, with verdicts.

@@ -110,16 +110,15 @@ impl FraudState {
     }
 
     fn score(&mut self, txns: &[Txn], want_verdicts: bool) -> BatchReply {
+        let mut verdicts = Vec::with_capacity(txns.len());
+        self.store
+            .score_batch(txns, self.rules.as_ref(), &mut self.window, &mut verdicts);
         let mut flagged = [0u32; 64];
-        let mut verdicts = Vec::with_capacity(if want_verdicts { txns.len() } else { 0 });
-        for txn in txns {
-            let verdict = self
-                .store
-                .score_and_store(txn, self.rules.as_ref(), &mut self.window);
-            flagged[usize::from(verdict)] += 1;
-            if want_verdicts {
-                verdicts.push(verdict);
-            }
+        for verdict in &verdicts {
+            flagged[usize::from(*verdict)] += 1;
+        }
+        if !want_verdicts {
+            verdicts.clear();
         }
         self.stats.scored += txns.len() as u64;
         for (rule, count) in flagged.iter().enumerate().skip(1) {
