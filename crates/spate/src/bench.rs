@@ -29,10 +29,10 @@ pub struct FraudBench {
     #[arg(long, default_value_t = 3)]
     runs: usize,
     /// Records per stream batch
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = 2048)]
     batch: usize,
     /// Unacknowledged batches per producer
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 4)]
     window: usize,
     /// Server partitions [default: one per core]
     #[arg(long)]

@@ -154,10 +154,10 @@ pub struct StreamArgs {
     #[arg(long, default_value = "127.0.0.1:8090")]
     pub server: String,
     /// Records per batch
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 2048)]
     pub batch: usize,
     /// Unacknowledged batches in flight
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 4)]
     pub window: usize,
     /// Identifies this producer's batches for exactly-once resends [default: random]
     #[arg(long)]

@@ -231,6 +231,7 @@ fn pull_scores_what_a_case_study_source_sends() {
         .output()
         .unwrap();
     source.kill().unwrap();
+    source.wait().unwrap();
     assert!(
         output.status.success(),
         "{}",
