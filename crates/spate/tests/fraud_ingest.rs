@@ -288,6 +288,30 @@ fn gen_writes_case_study_files_and_score_reproduces_the_library() {
         .unwrap();
     assert!(status.success());
     let verdicts = expected_verdicts(cards, &txns);
+
+    // The same files through a server: history imported over the stream, then the transactions scored.
+    let server_dir = tempfile::tempdir().unwrap();
+    let server = Server::start(server_dir.path(), &["--apps", "fraud"], None);
+    let stream = server.stream.clone().unwrap();
+    for (kind, file) in [("history", &history), ("score", &txns_path)] {
+        let output = spate()
+            .args([
+                "fraud", "push", "--server", &stream, "--kind", kind, "--file",
+            ])
+            .arg(file)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let stats = stats(&server);
+    assert_eq!(stats["imported"], u64::from(cards) * 20);
+    assert_eq!(stats["scored"], count);
+    assert_eq!(stats["flagged_by_rule"], by_rule(&verdicts));
+
     let text = std::fs::read_to_string(&out).unwrap();
     let mut lines = text.lines();
     assert_eq!(lines.next(), Some("seq,card,fraud,rule"));
