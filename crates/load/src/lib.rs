@@ -1,0 +1,403 @@
+//! The load generator: drives an HTTP server with a [`Scenario`] in closed loop (N connections, each
+//! sending as soon as its previous reply arrived) or open loop (a fixed arrival rate; each latency is
+//! measured from the request's *scheduled* send time, so a stalled server shows in the tail instead of
+//! silently lowering the offered load: no coordinated omission).
+//!
+//! Every worker owns one keep-alive connection and its own HDR histograms; they are merged at the end,
+//! and per second for the time series. Failures are never dropped: refused connections, timeouts and
+//! non-2xx replies are counted by kind.
+
+mod chart;
+mod report;
+
+pub use chart::write_svg;
+pub use report::{LatencySummary, Report, SecondPoint};
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+/// Latencies above this are recorded as this (they are also timeouts unless the timeout is larger).
+const LATENCY_US_MAX: u64 = 60_000_000;
+
+/// One HTTP request of a scenario.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub method: hyper::Method,
+    pub path: String,
+    pub body: Bytes,
+    pub headers: Vec<(&'static str, String)>,
+}
+
+impl Request {
+    pub fn get(path: impl Into<String>) -> Self {
+        Self {
+            method: hyper::Method::GET,
+            path: path.into(),
+            body: Bytes::new(),
+            headers: Vec::new(),
+        }
+    }
+
+    pub fn post_json(path: impl Into<String>, body: Vec<u8>) -> Self {
+        Self {
+            method: hyper::Method::POST,
+            path: path.into(),
+            body: body.into(),
+            headers: vec![("content-type", "application/json".into())],
+        }
+    }
+}
+
+/// What to send. `request` must depend only on its arguments and the scenario's own seed, so that a
+/// run can be reproduced.
+pub trait Scenario: Send + Sync + 'static {
+    fn name(&self) -> String;
+    fn request(&self, worker: u32, seq: u64) -> Request;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Pace {
+    /// Each connection sends as soon as its previous reply arrived.
+    Closed,
+    /// `rate_per_s` requests per second in all, spread evenly over the connections.
+    Open { rate_per_s: f64 },
+}
+
+#[derive(Debug, Clone)]
+pub struct LoadConfig {
+    /// `host:port` of the server.
+    pub target: String,
+    pub connections: u32,
+    pub pace: Pace,
+    /// Measured time (after the warm-up); the run also ends after `requests` measured requests.
+    pub duration: Option<Duration>,
+    pub requests: Option<u64>,
+    pub warmup: Duration,
+    pub timeout: Duration,
+    pub progress: bool,
+}
+
+/// How one request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Ok,
+    Status(u16),
+    Timeout,
+    Connect,
+    Io,
+}
+
+impl Outcome {
+    fn label(self) -> String {
+        match self {
+            Self::Ok => "ok".into(),
+            Self::Status(code) => format!("http_{code}"),
+            Self::Timeout => "timeout".into(),
+            Self::Connect => "connect".into(),
+            Self::Io => "io".into(),
+        }
+    }
+}
+
+fn new_histogram(significant_figures: u8) -> Histogram<u64> {
+    Histogram::new_with_bounds(1, LATENCY_US_MAX, significant_figures)
+        .expect("valid histogram bounds")
+}
+
+/// A worker's results for one second of the measured phase.
+struct SecondSlice {
+    second: u64,
+    ok: u64,
+    errors: u64,
+    latencies: Histogram<u64>,
+}
+
+struct WorkerResult {
+    latencies: Histogram<u64>,
+    outcomes: BTreeMap<String, u64>,
+}
+
+struct Shared {
+    config: LoadConfig,
+    scenario: Arc<dyn Scenario>,
+    measure_from: Instant,
+    measure_until: Option<Instant>,
+    measured: AtomicU64,
+    completed: AtomicU64,
+}
+
+impl Shared {
+    /// Claims a measured request slot; false once the requested count is reached.
+    fn claim(&self, now: Instant) -> bool {
+        if self.measure_until.is_some_and(|end| now >= end) {
+            return false;
+        }
+        match self.config.requests {
+            Some(limit) if now >= self.measure_from => {
+                self.measured.fetch_add(1, Ordering::Relaxed) < limit
+            }
+            _ => true,
+        }
+    }
+}
+
+/// Runs the load and returns the merged report.
+pub async fn run(config: LoadConfig, scenario: Arc<dyn Scenario>) -> Report {
+    assert!(config.connections > 0, "at least one connection");
+    assert!(
+        config.duration.is_some() || config.requests.is_some(),
+        "a run needs a duration or a request count"
+    );
+    let started = Instant::now();
+    let measure_from = started + config.warmup;
+    let shared = Arc::new(Shared {
+        measure_until: config.duration.map(|d| measure_from + d),
+        measure_from,
+        scenario,
+        measured: AtomicU64::new(0),
+        completed: AtomicU64::new(0),
+        config,
+    });
+    let (seconds_tx, mut seconds_rx) = mpsc::unbounded_channel::<SecondSlice>();
+    let progress = spawn_progress(&shared);
+    let workers: Vec<_> = (0..shared.config.connections)
+        .map(|worker| {
+            tokio::spawn(run_worker(
+                shared.clone(),
+                worker,
+                started,
+                seconds_tx.clone(),
+            ))
+        })
+        .collect();
+    drop(seconds_tx);
+    let mut per_second: BTreeMap<u64, SecondSlice> = BTreeMap::new();
+    let collect = async {
+        while let Some(slice) = seconds_rx.recv().await {
+            match per_second.get_mut(&slice.second) {
+                Some(merged) => {
+                    merged.ok += slice.ok;
+                    merged.errors += slice.errors;
+                    merged.latencies.add(&slice.latencies).expect("same bounds");
+                }
+                None => {
+                    per_second.insert(slice.second, slice);
+                }
+            }
+        }
+    };
+    let results = async {
+        let mut results = Vec::new();
+        for worker in workers {
+            results.push(worker.await.expect("a load worker panicked"));
+        }
+        results
+    };
+    let ((), results) = tokio::join!(collect, results);
+    let measured_s = shared.measure_from.elapsed().as_secs_f64();
+    if let Some(bar) = progress {
+        bar.finish_and_clear();
+    }
+    report::build(
+        &shared.config,
+        shared.scenario.name(),
+        results,
+        per_second,
+        measured_s,
+    )
+}
+
+fn spawn_progress(shared: &Arc<Shared>) -> Option<indicatif::ProgressBar> {
+    if !shared.config.progress {
+        return None;
+    }
+    let bar = match (shared.config.requests, shared.config.duration) {
+        (Some(requests), _) => indicatif::ProgressBar::new(requests),
+        (None, Some(duration)) => indicatif::ProgressBar::new(duration.as_secs().max(1)),
+        (None, None) => unreachable!("checked in run"),
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
+            .expect("valid template"),
+    );
+    let (bar_clone, shared) = (bar.clone(), shared.clone());
+    tokio::spawn(async move {
+        let mut previous = 0;
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tick.tick().await;
+            let completed = shared.completed.load(Ordering::Relaxed);
+            let position = match shared.config.requests {
+                Some(_) => shared.measured.load(Ordering::Relaxed),
+                None => shared.measure_from.elapsed().as_secs(),
+            };
+            bar_clone.set_position(position);
+            bar_clone.set_message(format!("{} req/s", (completed - previous) * 2));
+            previous = completed;
+            if bar_clone.is_finished() {
+                return;
+            }
+        }
+    });
+    Some(bar)
+}
+
+type Sender = http1::SendRequest<Full<Bytes>>;
+
+async fn connect(target: &str) -> Result<Sender, Outcome> {
+    let stream = TcpStream::connect(target)
+        .await
+        .map_err(|_| Outcome::Connect)?;
+    stream.set_nodelay(true).ok();
+    let (sender, connection) = http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|_| Outcome::Connect)?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(sender)
+}
+
+async fn send(sender: &mut Sender, target: &str, request: &Request) -> Outcome {
+    let mut builder = hyper::Request::builder()
+        .method(request.method.clone())
+        .uri(&request.path)
+        .header("host", target);
+    for (name, value) in &request.headers {
+        builder = builder.header(*name, value);
+    }
+    let Ok(http_request) = builder.body(Full::new(request.body.clone())) else {
+        return Outcome::Io;
+    };
+    match sender.send_request(http_request).await {
+        Ok(response) => {
+            let status = response.status();
+            // The body is read in full: a reply is complete only when its last byte arrived.
+            if response.into_body().collect().await.is_err() {
+                return Outcome::Io;
+            }
+            if status.is_success() {
+                Outcome::Ok
+            } else {
+                Outcome::Status(status.as_u16())
+            }
+        }
+        Err(_) => Outcome::Io,
+    }
+}
+
+async fn run_worker(
+    shared: Arc<Shared>,
+    worker: u32,
+    started: Instant,
+    seconds: mpsc::UnboundedSender<SecondSlice>,
+) -> WorkerResult {
+    let config = &shared.config;
+    let mut result = WorkerResult {
+        latencies: new_histogram(3),
+        outcomes: BTreeMap::new(),
+    };
+    let mut slice = SecondSlice {
+        second: 0,
+        ok: 0,
+        errors: 0,
+        latencies: new_histogram(2),
+    };
+    let interval = match config.pace {
+        Pace::Closed => None,
+        Pace::Open { rate_per_s } => Some(Duration::from_secs_f64(
+            f64::from(config.connections) / rate_per_s,
+        )),
+    };
+    // Spread the connections' schedules evenly inside one interval.
+    let offset = interval.map_or(Duration::ZERO, |i| {
+        i.mul_f64(f64::from(worker) / f64::from(config.connections))
+    });
+    let mut sender: Option<Sender> = None;
+    let mut seq = 0u64;
+    loop {
+        let scheduled = match interval {
+            Some(interval) => {
+                let at = started + offset + interval.mul_f64(seq as f64);
+                tokio::time::sleep_until(at.into()).await;
+                at
+            }
+            None => Instant::now(),
+        };
+        if !shared.claim(scheduled.max(Instant::now())) {
+            break;
+        }
+        let request = shared.scenario.request(worker, seq);
+        seq += 1;
+        let outcome = match tokio::time::timeout(config.timeout, async {
+            if sender.as_ref().is_none_or(|s| s.is_closed()) {
+                sender = Some(connect(&config.target).await?);
+            }
+            let connection = sender.as_mut().expect("connected above");
+            connection.ready().await.map_err(|_| Outcome::Io)?;
+            Ok::<_, Outcome>(send(connection, &config.target, &request).await)
+        })
+        .await
+        {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(outcome)) => outcome,
+            Err(_) => Outcome::Timeout,
+        };
+        if outcome != Outcome::Ok {
+            // The connection's state is unknown after a failure: start a fresh one.
+            sender = None;
+            if outcome == Outcome::Connect {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        let done = Instant::now();
+        shared.completed.fetch_add(1, Ordering::Relaxed);
+        if scheduled < shared.measure_from {
+            continue;
+        }
+        let latency_us = (done - scheduled)
+            .as_micros()
+            .clamp(1, u128::from(LATENCY_US_MAX)) as u64;
+        result
+            .latencies
+            .record(latency_us)
+            .expect("clamped to bounds");
+        *result.outcomes.entry(outcome.label()).or_default() += 1;
+        let second = (done - shared.measure_from).as_secs();
+        if second != slice.second && (slice.ok + slice.errors) > 0 {
+            let full = std::mem::replace(
+                &mut slice,
+                SecondSlice {
+                    second,
+                    ok: 0,
+                    errors: 0,
+                    latencies: new_histogram(2),
+                },
+            );
+            let _ = seconds.send(full);
+        }
+        slice.second = second;
+        if outcome == Outcome::Ok {
+            slice.ok += 1;
+        } else {
+            slice.errors += 1;
+        }
+        slice
+            .latencies
+            .record(latency_us)
+            .expect("clamped to bounds");
+    }
+    if slice.ok + slice.errors > 0 {
+        let _ = seconds.send(slice);
+    }
+    result
+}
