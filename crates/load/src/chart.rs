@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 const WIDTH: f64 = 900.0;
 const PANEL_HEIGHT: f64 = 220.0;
-const MARGIN: f64 = 60.0;
+const MARGIN: f64 = 80.0;
 
 fn polyline(points: &[(f64, f64)], x_max: f64, y_max: f64, top: f64, color: &str) -> String {
     let plot_width = WIDTH - 2.0 * MARGIN;
@@ -23,7 +23,15 @@ fn polyline(points: &[(f64, f64)], x_max: f64, y_max: f64, top: f64, color: &str
     )
 }
 
-fn panel(svg: &mut String, top: f64, title: &str, y_max: f64, unit: &str, x_max: f64) {
+fn panel(
+    svg: &mut String,
+    top: f64,
+    title: &str,
+    y_max: f64,
+    unit: &str,
+    decimals: usize,
+    x_max: f64,
+) {
     let _ = writeln!(
         svg,
         "<rect x=\"{MARGIN}\" y=\"{top}\" width=\"{}\" height=\"{PANEL_HEIGHT}\" fill=\"none\" stroke=\"#999\"/>",
@@ -38,7 +46,7 @@ fn panel(svg: &mut String, top: f64, title: &str, y_max: f64, unit: &str, x_max:
         let y = top + PANEL_HEIGHT * (1.0 - fraction);
         let _ = writeln!(
             svg,
-            "<text x=\"{}\" y=\"{y:.1}\" font-size=\"11\" text-anchor=\"end\">{:.1} {unit}</text>",
+            "<text x=\"{}\" y=\"{y:.1}\" font-size=\"11\" text-anchor=\"end\">{:.decimals$} {unit}</text>",
             MARGIN - 4.0,
             y_max * fraction
         );
@@ -82,6 +90,7 @@ pub fn write_svg(report: &Report) -> String {
         &format!("{}: completed requests per second", report.scenario),
         rate_max,
         "/s",
+        0,
         x_max,
     );
     svg += &polyline(&rate, x_max, rate_max, top_rate, "#1f77b4");
@@ -91,6 +100,7 @@ pub fn write_svg(report: &Report) -> String {
         "latency per second: p50 (green), p99 (red)",
         latency_max,
         "ms",
+        1,
         x_max,
     );
     svg += &polyline(&p50, x_max, latency_max, top_latency, "#2ca02c");

@@ -103,8 +103,11 @@ pub(crate) fn build(
             max_us: latencies.max(),
         },
         over_1s_share: share(over_1s),
+        // The last, partial second (replies to requests in flight when measuring stopped) would read as a
+        // collapse of throughput; it is left out of the series but not of the totals.
         per_second: per_second
             .into_values()
+            .filter(|slice| slice.second < measured_seconds as u64 || measured_seconds < 1.0)
             .map(|slice| SecondPoint {
                 second: slice.second,
                 ok: slice.ok,

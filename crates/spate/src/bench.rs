@@ -1,20 +1,38 @@
-//! `spate bench fraud`: the fraud benchmark end to end on this machine, generator included. Starts a
-//! fresh server on a temporary data directory, loads the case study's history in place, runs the
-//! generator -> acknowledged stream -> scoring -> durable journal pipeline several times, and writes a
-//! Markdown and a JSON report.
+//! `spate bench [app...]`: each app's benchmark against a fresh server on a temporary data directory,
+//! written as one Markdown report (`REPORT.md`) with JSON and SVG charts next to it.
+//!
+//! - fraud: loads the case study's history in place, then runs the generator -> acknowledged stream ->
+//!   scoring -> durable journal pipeline several times (generator included, in its own process).
+//! - tally: `spate load tally adds` in closed loop, then in open loop at half the rate the closed loop
+//!   achieved, so the report shows latency at a sustainable offered load as well as at saturation.
 
 use anyhow::{Context, bail};
-use clap::{Args, Subcommand};
+use clap::Args;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
-#[derive(Subcommand)]
-pub enum BenchCommand {
-    /// Generator -> acknowledged stream -> 49-rule scoring against real history -> durable journal.
-    Fraud(FraudBench),
+/// Apps with a benchmark, in report order.
+const BENCHMARKS: &[&str] = &["fraud", "tally"];
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Apps to benchmark [default: all: fraud, tally]
+    #[arg(value_parser = clap::builder::PossibleValuesParser::new(BENCHMARKS))]
+    apps: Vec<String>,
+    #[command(flatten)]
+    fraud: FraudBench,
+    /// Measured seconds of each HTTP load run
+    #[arg(long, default_value_t = 10.0)]
+    duration_s: f64,
+    /// Connections of each HTTP load run
+    #[arg(long, default_value_t = 16)]
+    connections: u32,
+    /// Where the report goes
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
 }
 
 #[derive(Args)]
@@ -37,18 +55,41 @@ pub struct FraudBench {
     /// Server partitions [default: one per core]
     #[arg(long)]
     partitions: Option<u16>,
-    /// Where the report goes
-    #[arg(long, default_value = "bench-results")]
-    out: PathBuf,
 }
 
 /// The case study's own code on this machine with its history restored (seeds README): the peer figure.
 const CASE_STUDY_TPS: f64 = 48_700.0;
 
-pub fn run(command: BenchCommand) -> anyhow::Result<()> {
-    match command {
-        BenchCommand::Fraud(args) => fraud(args),
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let apps: Vec<&str> = if args.apps.is_empty() {
+        BENCHMARKS.to_vec()
+    } else {
+        BENCHMARKS
+            .iter()
+            .copied()
+            .filter(|b| args.apps.iter().any(|a| a == b))
+            .collect()
+    };
+    std::fs::create_dir_all(&args.out)?;
+    let command_line = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
+    let mut report = format!(
+        "# spate benchmark report\n\n- machine: {}\n- date: {} (epoch ms)\n- command: `spate {command_line}`\n\n",
+        machine(),
+        crate::fraud_cli::wall_ms()
+    );
+    for app in apps {
+        let section = match app {
+            "fraud" => fraud(&args.fraud, &args.out)?,
+            "tally" => tally(&args)?,
+            other => unreachable!("no benchmark for {other}"),
+        };
+        report += &section;
+        report += "\n";
+        std::fs::write(args.out.join("REPORT.md"), &report)?;
     }
+    println!("{report}");
+    eprintln!("report written to {}", args.out.join("REPORT.md").display());
+    Ok(())
 }
 
 struct Spawned {
@@ -65,10 +106,14 @@ impl Drop for Spawned {
     }
 }
 
-fn start_server(data_dir: &std::path::Path, partitions: Option<u16>) -> anyhow::Result<Spawned> {
+fn start_server(
+    data_dir: &std::path::Path,
+    app: &str,
+    partitions: Option<u16>,
+) -> anyhow::Result<Spawned> {
     let mut command = Command::new(std::env::current_exe()?);
     command
-        .args(["serve", "--apps", "fraud", "--listen", "127.0.0.1:0"])
+        .args(["serve", "--apps", app, "--listen", "127.0.0.1:0"])
         .args(["--fraud-stream-listen", "127.0.0.1:0", "--data-dir"])
         .arg(data_dir)
         .env("RUST_LOG", "warn")
@@ -85,11 +130,10 @@ fn start_server(data_dir: &std::path::Path, partitions: Option<u16>) -> anyhow::
         if let Some(address) = line.strip_prefix("spate fraud stream on ") {
             stream = Some(address.to_string());
         } else if let Some(http) = line.strip_prefix("spate listening on ") {
-            let stream = stream.context("no stream address announced")?;
             return Ok(Spawned {
                 child,
                 http: http.to_string(),
-                stream,
+                stream: stream.unwrap_or_default(),
             });
         }
     }
@@ -152,13 +196,13 @@ fn median(values: &mut [f64]) -> f64 {
     values[values.len() / 2]
 }
 
-fn fraud(args: FraudBench) -> anyhow::Result<()> {
+fn fraud(args: &FraudBench, out: &std::path::Path) -> anyhow::Result<String> {
     if args.runs == 0 {
         bail!("--runs must be at least 1");
     }
     let started_at = crate::fraud_cli::wall_ms();
     let data_dir = tempfile::tempdir()?;
-    let server = start_server(data_dir.path(), args.partitions)?;
+    let server = start_server(data_dir.path(), "fraud", args.partitions)?;
     let server_pid = server.child.id();
     let now_ms = started_at;
     eprintln!("loading history: {} cards x 20 ...", args.cards);
@@ -246,15 +290,65 @@ fn fraud(args: FraudBench) -> anyhow::Result<()> {
         "history_bytes_per_stored_transaction": stats["history_bytes_per_transaction"],
         "flagged_by_rule": stats["flagged_by_rule"],
     });
-    std::fs::create_dir_all(&args.out)?;
     std::fs::write(
-        args.out.join("fraud.json"),
+        out.join("fraud.json"),
         serde_json::to_string_pretty(&report)?,
     )?;
-    std::fs::write(args.out.join("fraud.md"), markdown(&report))?;
-    println!("{}", markdown(&report));
-    eprintln!("report written to {}", args.out.join("fraud.md").display());
-    Ok(())
+    Ok(markdown(&report))
+}
+
+/// tally: closed loop to find the saturation rate, then open loop at half of it.
+fn tally(args: &BenchArgs) -> anyhow::Result<String> {
+    let data_dir = tempfile::tempdir()?;
+    let server = start_server(data_dir.path(), "tally", args.fraud.partitions)?;
+    let mut load = crate::load_cli::LoadArgs {
+        app: "tally".into(),
+        scenario: "adds".into(),
+        target: server.http.clone(),
+        stream: String::new(),
+        connections: args.connections,
+        rate: None,
+        duration_s: args.duration_s,
+        requests: None,
+        warmup_s: 1.0,
+        timeout_s: 10.0,
+        seed: 1,
+        batch: 1,
+        cards: 1,
+        max_error_share: 0.01,
+        out: None,
+    };
+    let closed = crate::load_cli::load_http(&load)?;
+    crate::load_cli::write_outputs(&closed, &args.out, "tally-adds-closed")?;
+    load.rate = Some((closed.ok_rate_per_s / 2.0).max(1.0));
+    load.seed = 2;
+    let open = crate::load_cli::load_http(&load)?;
+    crate::load_cli::write_outputs(&open, &args.out, "tally-adds-open")?;
+    drop(server);
+    let mut text = String::from(
+        "## tally: POST /tally/accounts/{name}/entries (10,000 accounts, idempotency keys)\n\n\
+         | run | offered/s | achieved/s | errors | p50 | p90 | p99 | p99.9 | max | chart |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for (name, report) in [("closed", &closed), ("open", &open)] {
+        let l = &report.latency;
+        let ms = |us: u64| format!("{:.2} ms", us as f64 / 1000.0);
+        text += &format!(
+            "| {name} loop, {} connections | {} | {:.0} | {:.3}% | {} | {} | {} | {} | {} | [svg](tally-adds-{name}.svg) |\n",
+            report.connections,
+            report
+                .offered_rate_per_s
+                .map_or_else(|| "-".to_string(), |r| format!("{r:.0}")),
+            report.achieved_rate_per_s,
+            report.error_share * 100.0,
+            ms(l.p50_us),
+            ms(l.p90_us),
+            ms(l.p99_us),
+            ms(l.p999_us),
+            ms(l.max_us),
+        );
+    }
+    Ok(text)
 }
 
 fn markdown(report: &Value) -> String {

@@ -400,6 +400,34 @@ fn push_command(args: PushArgs) -> anyhow::Result<()> {
     }
 }
 
+/// `spate load fraud stream`: the generator through the acknowledged stream, reported like `push`.
+pub fn push_generated(args: &crate::load_cli::LoadArgs) -> anyhow::Result<()> {
+    let stream = StreamArgs {
+        server: args.stream.clone(),
+        batch: args.batch,
+        window: args.connections as usize,
+        producer_id: None,
+        reconnect_for_secs: args.timeout_s.ceil() as u64,
+    };
+    let generator = GeneratorArgs {
+        cards: args.cards,
+        start_ms: None,
+        per_ms: 1000,
+        seed_country: 1,
+        seed_merchant: 1,
+        seed_city: 1,
+        seed_amount: 100,
+        seed_response: 10,
+        seed_card: args.seed as i64,
+        seed_timestamp: 7,
+    };
+    let count = args.requests.unwrap_or(10_000_000);
+    produce(
+        stream_config(&stream, KIND_SCORE)?,
+        generator.batches(count, args.batch),
+    )
+}
+
 fn pull_command(args: PullArgs) -> anyhow::Result<()> {
     let config = stream_config(&args.stream, KIND_SCORE)?;
     let source = std::net::TcpStream::connect(&args.source)

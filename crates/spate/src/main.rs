@@ -3,6 +3,7 @@
 mod bench;
 mod config;
 mod fraud_cli;
+mod load_cli;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -25,9 +26,10 @@ enum Commands {
     /// The fraud app's tools: generator, offline scoring, stream producers.
     #[command(subcommand)]
     Fraud(fraud_cli::FraudCommand),
+    /// Drive a running server with a scenario and report throughput, latency and errors.
+    Load(load_cli::LoadArgs),
     /// Benchmarks that start their own server and write a report.
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -51,5 +53,6 @@ fn main() -> anyhow::Result<()> {
         }
         Commands::Fraud(command) => fraud_cli::run(command),
         Commands::Bench(command) => bench::run(command),
+        Commands::Load(args) => load_cli::run(args),
     }
 }

@@ -19,6 +19,8 @@ pub mod rules;
 pub mod state;
 pub mod stream;
 
+pub use http::TXNS_PER_REQUEST_MAX;
+
 use cipher::CardCipher;
 use rules::{CaseStudyRules, RuleSet};
 use spate_engine::AppSpec;

@@ -1,0 +1,264 @@
+//! `spate load <app> <scenario>`: drives a running server with one of the scenarios below.
+
+use anyhow::{Context, bail};
+use clap::Args;
+use serde_json::json;
+use spate_fraud::generator::{Seeds, TxnGenerator};
+use spate_load::{LoadConfig, Pace, Report, Request, Scenario};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Every scenario this binary knows, as `app scenario`.
+pub const SCENARIOS: &[(&str, &str, &str)] = &[
+    (
+        "server",
+        "health",
+        "GET /health: the trivial endpoint, for checking the tool against wrk or oha",
+    ),
+    (
+        "tally",
+        "adds",
+        "POST /tally/accounts/{name}/entries over 10,000 accounts, with idempotency keys",
+    ),
+    (
+        "fraud",
+        "http",
+        "POST /fraud/transactions, batches of --batch generated transactions",
+    ),
+    (
+        "fraud",
+        "stream",
+        "generator -> acknowledged stream at --stream: --requests records (default 10M) in batches of \
+         --batch, --connections unacknowledged batches",
+    ),
+];
+
+#[derive(Args, Clone)]
+pub struct LoadArgs {
+    /// The app (`server`, `tally`, `fraud`)
+    pub app: String,
+    /// The scenario (see `--list`)
+    pub scenario: String,
+    /// Server base URL
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    pub target: String,
+    /// The fraud stream's address (fraud stream)
+    #[arg(long, default_value = "127.0.0.1:8090")]
+    pub stream: String,
+    /// Connections (closed loop: each sends when its previous reply arrived)
+    #[arg(long, default_value_t = 16)]
+    pub connections: u32,
+    /// Open loop at this many requests per second in all (latency from each scheduled send time)
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Measured seconds
+    #[arg(long, default_value_t = 10.0)]
+    pub duration_s: f64,
+    /// Stop after this many measured requests instead
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Unmeasured seconds before measuring
+    #[arg(long, default_value_t = 1.0)]
+    pub warmup_s: f64,
+    /// A request slower than this counts as a timeout
+    #[arg(long, default_value_t = 10.0)]
+    pub timeout_s: f64,
+    /// Seed of the scenario's data
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Transactions per request (fraud)
+    #[arg(long, default_value_t = 100)]
+    pub batch: usize,
+    /// Cards the fraud generator draws from
+    #[arg(long, default_value_t = 1_000_000)]
+    pub cards: u32,
+    /// Exit with status 1 when the share of failed requests is above this
+    #[arg(long, default_value_t = 0.01)]
+    pub max_error_share: f64,
+    /// Write `<app>-<scenario>.json` and `.svg` here
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+struct Health;
+
+impl Scenario for Health {
+    fn name(&self) -> String {
+        "server health".into()
+    }
+
+    fn request(&self, _worker: u32, _seq: u64) -> Request {
+        Request::get("/health")
+    }
+}
+
+struct TallyAdds {
+    seed: u64,
+}
+
+const TALLY_ACCOUNTS: u64 = 10_000;
+
+impl Scenario for TallyAdds {
+    fn name(&self) -> String {
+        "tally adds".into()
+    }
+
+    fn request(&self, worker: u32, seq: u64) -> Request {
+        let n = (u64::from(worker) << 40 | seq) ^ self.seed;
+        let account = mix64(n) % TALLY_ACCOUNTS;
+        let body = serde_json::to_vec(&json!({"amount": 1, "tag": n})).expect("JSON");
+        let mut request =
+            Request::post_json(format!("/tally/accounts/acct-{account}/entries"), body);
+        request.headers.push((
+            "idempotency-key",
+            format!("load-{}-{worker}-{seq}", self.seed),
+        ));
+        request
+    }
+}
+
+/// A 64-bit mix (splitmix64's finaliser): spreads keys reproducibly.
+fn mix64(mut n: u64) -> u64 {
+    n = (n ^ (n >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    n = (n ^ (n >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    n ^ (n >> 31)
+}
+
+struct FraudHttp {
+    seed: u64,
+    cards: u32,
+    batch: usize,
+    start_ms: u64,
+}
+
+impl Scenario for FraudHttp {
+    fn name(&self) -> String {
+        format!("fraud http (batches of {})", self.batch)
+    }
+
+    fn request(&self, worker: u32, seq: u64) -> Request {
+        let derived = mix64(self.seed ^ (u64::from(worker) << 40) ^ seq) as i64;
+        let seeds = Seeds {
+            card: derived,
+            country: derived ^ 1,
+            merchant: derived ^ 1,
+            city: derived ^ 1,
+            amount: derived ^ 2,
+            response: derived ^ 3,
+            timestamp: 0,
+        };
+        let mut generator = TxnGenerator::new(&seeds, self.cards);
+        let timestamp_ms = self.start_ms + seq;
+        let txns: Vec<_> = (0..self.batch)
+            .map(|_| {
+                let t = generator.next_txn(timestamp_ms);
+                json!({
+                    "card": format!("{:014}", t.card), "timestamp": t.timestamp.to_string(),
+                    "country": format!("{:03}", t.country), "response": format!("{:02}", t.response),
+                    "amount": t.amount.to_string(), "currency": format!("{:03}", t.currency),
+                    "merchant": format!("{:04}", t.merchant), "city": format!("{:05}", t.city),
+                    "code": t.code.to_string(),
+                })
+            })
+            .collect();
+        Request::post_json(
+            "/fraud/transactions",
+            serde_json::to_vec(&txns).expect("JSON"),
+        )
+    }
+}
+
+fn host_port(target: &str) -> anyhow::Result<String> {
+    let rest = target
+        .strip_prefix("http://")
+        .context("--target must start with http:// (TLS is not supported)")?;
+    Ok(rest.trim_end_matches('/').to_string())
+}
+
+fn scenario(args: &LoadArgs) -> anyhow::Result<Arc<dyn Scenario>> {
+    Ok(match (args.app.as_str(), args.scenario.as_str()) {
+        ("server", "health") => Arc::new(Health),
+        ("tally", "adds") => Arc::new(TallyAdds { seed: args.seed }),
+        ("fraud", "http") => {
+            if args.batch == 0 || args.batch > spate_fraud::TXNS_PER_REQUEST_MAX {
+                bail!("--batch must be 1..={}", spate_fraud::TXNS_PER_REQUEST_MAX);
+            }
+            Arc::new(FraudHttp {
+                seed: args.seed,
+                cards: args.cards,
+                batch: args.batch,
+                start_ms: crate::fraud_cli::wall_ms(),
+            })
+        }
+        (app, name) => {
+            let known: Vec<String> = SCENARIOS
+                .iter()
+                .map(|(a, s, _)| format!("{a} {s}"))
+                .collect();
+            bail!(
+                "unknown scenario {app:?} {name:?}; known: {}",
+                known.join(", ")
+            )
+        }
+    })
+}
+
+/// Runs an HTTP scenario and returns its report (printed and written by the caller).
+pub fn load_http(args: &LoadArgs) -> anyhow::Result<Report> {
+    let config = LoadConfig {
+        target: host_port(&args.target)?,
+        connections: args.connections.max(1),
+        pace: match args.rate {
+            Some(rate) if rate > 0.0 => Pace::Open { rate_per_s: rate },
+            Some(_) => bail!("--rate must be positive"),
+            None => Pace::Closed,
+        },
+        duration: args
+            .requests
+            .is_none()
+            .then(|| Duration::from_secs_f64(args.duration_s.max(0.1))),
+        requests: args.requests,
+        warmup: Duration::from_secs_f64(args.warmup_s.max(0.0)),
+        timeout: Duration::from_secs_f64(args.timeout_s.max(0.001)),
+        progress: true,
+    };
+    let scenario = scenario(args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    Ok(runtime.block_on(spate_load::run(config, scenario)))
+}
+
+pub fn write_outputs(report: &Report, out: &std::path::Path, stem: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out)?;
+    std::fs::write(
+        out.join(format!("{stem}.json")),
+        serde_json::to_string_pretty(report)?,
+    )?;
+    std::fs::write(
+        out.join(format!("{stem}.svg")),
+        spate_load::write_svg(report),
+    )?;
+    Ok(())
+}
+
+pub fn run(args: LoadArgs) -> anyhow::Result<()> {
+    if (args.app.as_str(), args.scenario.as_str()) == ("fraud", "stream") {
+        return crate::fraud_cli::push_generated(&args);
+    }
+    let report = load_http(&args)?;
+    print!("{}", report.table());
+    if let Some(out) = &args.out {
+        write_outputs(&report, out, &format!("{}-{}", args.app, args.scenario))?;
+    }
+    if report.error_share > args.max_error_share {
+        bail!(
+            "{:.3}% of requests failed, above --max-error-share {:.3}%",
+            report.error_share * 100.0,
+            args.max_error_share * 100.0
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Checks `spate load` against an independent tool (wrk) on the trivial endpoint GET /health: same server,
+# same connections, same duration, alternating runs. Installs wrk (Debian package) if it is missing.
+# Usage: scripts/compare-with-wrk.sh [rounds=3] [seconds=10] [connections=16]
+set -euo pipefail
+rounds=${1:-3}
+seconds=${2:-10}
+connections=${3:-16}
+cd "$(dirname "$0")/.."
+
+if ! command -v wrk >/dev/null; then
+    sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo=sudo
+    $sudo apt-get update -qq && $sudo apt-get install -y -qq wrk >/dev/null
+fi
+cargo build --release -q
+data=$(mktemp -d)
+out=$(mktemp)
+target/release/spate serve --data-dir "$data" --listen 127.0.0.1:0 --apps tally --fraud-stream-listen off \
+    >"$out" 2>/dev/null &
+server=$!
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$data" "$out"' EXIT
+until grep -q "spate listening on" "$out"; do sleep 0.1; done
+base=$(sed -n 's/^spate listening on //p' "$out")
+
+echo "GET $base/health, $connections connections, $seconds s per run, $rounds rounds"
+for round in $(seq "$rounds"); do
+    wrk -t2 -c"$connections" -d"${seconds}s" --latency "$base/health" |
+        awk -v r="$round" '/Requests\/sec/ {rps=$2} /^ +50%/ {p50=$2} /^ +99%/ {p99=$2}
+            END {printf "round %s  wrk         %10.0f req/s  p50 %8s  p99 %8s\n", r, rps, p50, p99}'
+    target/release/spate load server health --target "$base" --connections "$connections" \
+        --duration-s "$seconds" --warmup-s 0 |
+        awk -v r="$round" '/achieved/ {rps=$4} /latency/ {p50=$9 $10; p99=$15 $16}
+            END {sub("/s", "", rps); printf "round %s  spate load  %10.0f req/s  p50 %8s  p99 %8s\n", r, rps, p50, p99}'
+done
