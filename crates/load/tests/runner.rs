@@ -30,7 +30,7 @@ async fn serve() -> String {
             get(move || {
                 let n = calls.fetch_add(1, Ordering::Relaxed);
                 async move {
-                    if n % 2 == 0 {
+                    if n.is_multiple_of(2) {
                         StatusCode::OK
                     } else {
                         StatusCode::INTERNAL_SERVER_ERROR
