@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Checks `spate load` against an independent tool (wrk) on the trivial endpoint GET /health: same server,
-# same connections, same duration, alternating runs. Installs wrk (Debian package) if it is missing.
+# Checks `spate load` against independent tools on the trivial endpoint GET /health: same server, same
+# connections, same duration, alternating runs. Installs wrk (Debian package) if it is missing; also runs
+# oha when it is installed (INSTALL_OHA=1 installs it with cargo, which takes minutes).
 # Usage: scripts/compare-with-wrk.sh [rounds=3] [seconds=10] [connections=16]
 set -euo pipefail
 rounds=${1:-3}
@@ -12,6 +13,9 @@ if ! command -v wrk >/dev/null; then
     sudo=""
     [ "$(id -u)" -ne 0 ] && sudo=sudo
     $sudo apt-get update -qq && $sudo apt-get install -y -qq wrk >/dev/null
+fi
+if [ "${INSTALL_OHA:-0}" = 1 ] && ! command -v oha >/dev/null; then
+    cargo install oha --locked -q
 fi
 cargo build --release -q
 data=$(mktemp -d)
@@ -28,6 +32,11 @@ for round in $(seq "$rounds"); do
     wrk -t2 -c"$connections" -d"${seconds}s" --latency "$base/health" |
         awk -v r="$round" '/Requests\/sec/ {rps=$2} /^ +50%/ {p50=$2} /^ +99%/ {p99=$2}
             END {printf "round %s  wrk         %10.0f req/s  p50 %8s  p99 %8s\n", r, rps, p50, p99}'
+    if command -v oha >/dev/null; then
+        oha -z "${seconds}s" -c "$connections" --no-tui --output-format json "$base/health" |
+            python3 -c 'import json, sys; d = json.load(sys.stdin); p = d["latencyPercentiles"]
+print("round %s  oha         %10.0f req/s  p50 %6.3fms  p99 %6.3fms" % (sys.argv[1], d["summary"]["requestsPerSec"], p["p50"] * 1e3, p["p99"] * 1e3))' "$round"
+    fi
     target/release/spate load server health --target "$base" --connections "$connections" \
         --duration-s "$seconds" --warmup-s 0 |
         awk -v r="$round" '/achieved/ {rps=$4} /latency/ {p50=$9 $10; p99=$15 $16}
