@@ -3,6 +3,9 @@
 //! measured from the request's *scheduled* send time, so a stalled server shows in the tail instead of
 //! silently lowering the offered load: no coordinated omission).
 //!
+//! Open-loop sends wake on tokio's timer (1 ms resolution), so a request may leave up to ~1 ms after its
+//! scheduled time; that delay is counted in its latency (a known bias, documented in BENCHMARKS.md).
+//!
 //! Every worker owns one keep-alive connection and its own HDR histograms; they are merged at the end,
 //! and per second for the time series. Failures are never dropped: refused connections, timeouts and
 //! non-2xx replies are counted by kind.
