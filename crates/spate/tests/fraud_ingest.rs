@@ -81,11 +81,14 @@ fn generate_history(server: &Server, cards: u32) {
 #[test]
 fn malformed_records_are_skipped_and_bad_frames_refused_while_the_stream_goes_on() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &["--apps", "fraud"], None);
+    let log_path = dir.path().join("server.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let server = Server::start_logging_to(dir.path(), &["--apps", "fraud"], None, log.into());
     let mut socket = TcpStream::connect(server.stream.as_ref().unwrap()).unwrap();
     let txns = generated(100, 3);
     let mut batch = records(&txns);
     batch[RECORD_BYTES + 20] = b'x';
+    let bad_card = format!("{:014}", txns[1].card);
     socket
         .write_all(&encode_batch(KIND_SCORE, 1, 0, &batch))
         .unwrap();
@@ -130,6 +133,22 @@ fn malformed_records_are_skipped_and_bad_frames_refused_while_the_stream_goes_on
         "{metrics}"
     );
     assert!(metrics.contains("spate_fraud_transactions_scored_total 5"));
+
+    // The skipped record is logged with its stream offset and only the last four digits of its card.
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains("skipping a malformed record"))
+        .expect("logged");
+    assert!(
+        line.contains(&format!("**********{}", &bad_card[10..])),
+        "{line}"
+    );
+    assert!(line.contains("offset=121"), "{line}");
+    assert!(
+        !log.contains(&bad_card),
+        "the card number appears in clear in the log"
+    );
 }
 
 #[test]
@@ -324,4 +343,40 @@ fn gen_writes_case_study_files_and_score_reproduces_the_library() {
         );
         assert_eq!(line, want);
     }
+}
+
+#[test]
+fn generated_history_follows_the_seeds_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--apps", "fraud"], None);
+    let url = format!("{}/fraud/history/generate", server.base);
+    let body = json!({"cards": 5, "now_ms": START_MS, "seeds": {"amount": 5, "timestamp": 9}});
+    assert_eq!(post(&agent(), &url, None, &body).unwrap().0, 200);
+    let seeds = Seeds {
+        amount: 5,
+        timestamp: 9,
+        ..Seeds::default()
+    };
+    let mut want: Vec<(String, String)> = HistoryGenerator::new(&seeds, 5, 20, START_MS)
+        .filter(|t| t.card == 3)
+        .map(|t| (t.timestamp.to_string(), t.amount.to_string()))
+        .collect();
+    let (_, history) = get(
+        &agent(),
+        &format!("{}/fraud/cards/00000000000003", server.base),
+    );
+    let mut got: Vec<(String, String)> = history["transactions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["timestamp"].as_str().unwrap().to_string(),
+                e["amount"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    want.sort();
+    got.sort();
+    assert_eq!(got, want);
 }

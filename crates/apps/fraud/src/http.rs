@@ -6,8 +6,9 @@
 //!   `{"scored", "flagged", "results": [{"fraud", "rule"}]}` in input order. Honours `Idempotency-Key`.
 //! - `GET /fraud/cards/{card}` → the card's stored history with verdicts, newest first.
 //! - `GET /fraud/stats` → counts over all partitions, per-rule counts, memory per stored transaction, rate.
-//! - `POST /fraud/history/generate` `{"cards", "length"?, "now_ms"?}` → generates the case study's
-//!   history in place on every partition (a command, so replay regenerates it).
+//! - `POST /fraud/history/generate` `{"cards", "length"?, "now_ms"?, "seeds"?: {"country", "merchant",
+//!   "city", "amount", "response", "timestamp"}}` → generates the case study's history in place on every
+//!   partition (a command, so replay regenerates it).
 
 use crate::command::{Command, GenerateHistory};
 use crate::generator::{CASE_STUDY_HISTORY_LEN, HISTORY_WINDOW_MS, Seeds};
@@ -294,6 +295,35 @@ struct GenerateBody {
     cards: u32,
     length: Option<u32>,
     now_ms: Option<u64>,
+    #[serde(default)]
+    seeds: SeedsBody,
+}
+
+/// Generator seeds; each defaults to the case study's.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct SeedsBody {
+    country: Option<i64>,
+    merchant: Option<i64>,
+    city: Option<i64>,
+    amount: Option<i64>,
+    response: Option<i64>,
+    timestamp: Option<i64>,
+}
+
+impl SeedsBody {
+    fn seeds(&self) -> Seeds {
+        let default = Seeds::default();
+        Seeds {
+            country: self.country.unwrap_or(default.country),
+            merchant: self.merchant.unwrap_or(default.merchant),
+            city: self.city.unwrap_or(default.city),
+            amount: self.amount.unwrap_or(default.amount),
+            response: self.response.unwrap_or(default.response),
+            card: default.card,
+            timestamp: self.timestamp.unwrap_or(default.timestamp),
+        }
+    }
 }
 
 /// Upper bound on generated history, to keep a typo from filling memory: 100 M cards x 100.
@@ -331,7 +361,7 @@ async fn generate(
     let mut pending = Vec::new();
     for partition in 0..partitions {
         let plan = GenerateHistory {
-            seeds: Seeds::default(),
+            seeds: body.seeds.seeds(),
             cards: body.cards,
             len: length,
             now_ms,

@@ -19,6 +19,16 @@ impl Server {
     /// Starts `spate serve` on a free port with `data_dir`; `file_bytes_max` limits the size of any file
     /// it writes (RLIMIT_FSIZE), which makes writes past it fail as a full disk would.
     pub fn start(data_dir: &Path, extra: &[&str], file_bytes_max: Option<u64>) -> Self {
+        Self::start_logging_to(data_dir, extra, file_bytes_max, Stdio::inherit())
+    }
+
+    /// As [`Server::start`], with the server's log (stderr) sent to `log`.
+    pub fn start_logging_to(
+        data_dir: &Path,
+        extra: &[&str],
+        file_bytes_max: Option<u64>,
+        log: Stdio,
+    ) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_spate"));
         command
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
@@ -32,7 +42,7 @@ impl Server {
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .stderr(log);
         if let Some(limit) = file_bytes_max {
             use std::os::unix::process::CommandExt;
             // SAFETY: only async-signal-safe calls between fork and exec.
