@@ -254,23 +254,55 @@ fn spawn_progress(shared: &Arc<Shared>) -> Option<indicatif::ProgressBar> {
     Some(bar)
 }
 
-type Sender = http1::SendRequest<Full<Bytes>>;
+type Connection = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
+
+/// A keep-alive connection driven by the worker's own task (no hand-off to a connection task), so a
+/// reply is timed when the worker reads it.
+struct Sender {
+    requests: http1::SendRequest<Full<Bytes>>,
+    connection: std::pin::Pin<Box<Connection>>,
+}
+
+impl Sender {
+    fn is_closed(&self) -> bool {
+        self.requests.is_closed()
+    }
+}
 
 async fn connect(target: &str) -> Result<Sender, Outcome> {
     let stream = TcpStream::connect(target)
         .await
         .map_err(|_| Outcome::Connect)?;
     stream.set_nodelay(true).ok();
-    let (sender, connection) = http1::handshake(TokioIo::new(stream))
+    let (requests, connection) = http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|_| Outcome::Connect)?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok(sender)
+    Ok(Sender {
+        requests,
+        connection: Box::pin(connection),
+    })
 }
 
+/// Sends `request` and reads the whole reply, driving the connection meanwhile.
 async fn send(sender: &mut Sender, target: &str, request: &Request) -> Outcome {
+    let Sender {
+        requests,
+        connection,
+    } = sender;
+    let exchange = exchange(requests, target, request);
+    tokio::pin!(exchange);
+    tokio::select! {
+        outcome = &mut exchange => outcome,
+        // The connection future ends only when the connection does.
+        _ = connection.as_mut() => Outcome::Io,
+    }
+}
+
+async fn exchange(
+    sender: &mut http1::SendRequest<Full<Bytes>>,
+    target: &str,
+    request: &Request,
+) -> Outcome {
     let mut builder = hyper::Request::builder()
         .method(request.method.clone())
         .uri(&request.path)
@@ -346,7 +378,6 @@ async fn run_worker(
                 sender = Some(connect(&config.target).await?);
             }
             let connection = sender.as_mut().expect("connected above");
-            connection.ready().await.map_err(|_| Outcome::Io)?;
             Ok::<_, Outcome>(send(connection, &config.target, &request).await)
         })
         .await
