@@ -109,6 +109,18 @@ fn http_scoring_equals_offline_scoring_and_bad_input_is_refused() {
         "{stats}"
     );
 
+    // A retry with the same Idempotency-Key gets the same verdicts and scores nothing again; the same key
+    // with another body is refused.
+    let retry = Value::Array(txns[200..].iter().map(as_json).collect());
+    let first = post(&agent, &url, Some("retry-1"), &retry).unwrap();
+    let again = post(&agent, &url, Some("retry-1"), &retry).unwrap();
+    assert_eq!((first.0, again.0), (200, 200));
+    assert_eq!(first.1, again.1);
+    let other = Value::Array(txns[..10].iter().map(as_json).collect());
+    assert_eq!(post(&agent, &url, Some("retry-1"), &other).unwrap().0, 422);
+    let (_, stats) = get(&agent, &format!("{}/fraud/stats", server.base));
+    assert_eq!(stats["scored"], 400);
+
     let good = as_json(&txns[0]);
     let with = |field: &str, value: Value| {
         let mut body = good.clone();
@@ -152,7 +164,7 @@ fn http_scoring_equals_offline_scoring_and_bad_input_is_refused() {
         404
     );
     let (_, stats) = get(&agent, &format!("{}/fraud/stats", server.base));
-    assert_eq!(stats["scored"], 300, "refused requests change nothing");
+    assert_eq!(stats["scored"], 400, "refused requests change nothing");
 
     // Card numbers are encrypted in the journal and in the final snapshot. Distinctive numbers, so that
     // neither their text nor their binary form can turn up by chance.
