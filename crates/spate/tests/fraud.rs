@@ -282,8 +282,13 @@ fn kill_9_mid_stream_then_resend_scores_every_record_exactly_once() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(rand::random);
-    let delay_ms = 300 + seed % 700;
-    eprintln!("crash seed {seed}: kill -9 after {delay_ms} ms");
+    // Kill once the stream is under way (whatever the machine's speed), at a random point after that.
+    let stats_url = format!("{}/fraud/stats", server.base);
+    assert!(support::eventually(Duration::from_secs(60), || {
+        get(&agent, &stats_url).1["scored"].as_u64().unwrap_or(0) >= count / 10
+    }));
+    let delay_ms = seed % 500;
+    eprintln!("crash seed {seed}: kill -9 {delay_ms} ms after a tenth of the stream was scored");
     std::thread::sleep(Duration::from_millis(delay_ms));
     server.kill9();
     std::thread::sleep(Duration::from_millis(300));
