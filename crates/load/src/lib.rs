@@ -3,9 +3,6 @@
 //! measured from the request's *scheduled* send time, so a stalled server shows in the tail instead of
 //! silently lowering the offered load: no coordinated omission).
 //!
-//! Open-loop sends wake on tokio's timer (1 ms resolution), so a request may leave up to ~1 ms after its
-//! scheduled time; that delay is counted in its latency (a known bias, documented in BENCHMARKS.md).
-//!
 //! Every worker owns one keep-alive connection and its own HDR histograms; they are merged at the end,
 //! and per second for the time series. Failures are never dropped: refused connections, timeouts and
 //! non-2xx replies are counted by kind.
@@ -172,12 +169,17 @@ pub async fn run(config: LoadConfig, scenario: Arc<dyn Scenario>) -> Report {
     });
     let (seconds_tx, mut seconds_rx) = mpsc::unbounded_channel::<SecondSlice>();
     let progress = spawn_progress(&shared);
+    let mut schedules = match shared.config.pace {
+        Pace::Closed => Vec::new(),
+        Pace::Open { rate_per_s } => start_pacer(&shared, started, rate_per_s),
+    };
+    schedules.reverse();
     let workers: Vec<_> = (0..shared.config.connections)
         .map(|worker| {
             tokio::spawn(run_worker(
                 shared.clone(),
                 worker,
-                started,
+                schedules.pop(),
                 seconds_tx.clone(),
             ))
         })
@@ -330,10 +332,43 @@ async fn exchange(
     }
 }
 
+/// Open loop: one thread releases every request at its scheduled time, round-robin over the workers.
+/// A thread of its own rather than tokio's timer, whose 1 ms resolution would send each request up to a
+/// millisecond late; `thread::sleep` overshoots by tens of microseconds, and a request that is due
+/// goes out at once. A worker that falls behind finds its requests queued, and their latency counts from
+/// the scheduled time. Returns one schedule per worker.
+fn start_pacer(
+    shared: &Arc<Shared>,
+    started: Instant,
+    rate_per_s: f64,
+) -> Vec<mpsc::UnboundedReceiver<Instant>> {
+    let workers = shared.config.connections as usize;
+    let (senders, receivers): (Vec<_>, Vec<_>) =
+        (0..workers).map(|_| mpsc::unbounded_channel()).unzip();
+    let interval = Duration::from_secs_f64(1.0 / rate_per_s);
+    let end = shared.measure_until;
+    std::thread::spawn(move || {
+        let mut open = workers;
+        for index in 0u64.. {
+            let at = started + interval.mul_f64(index as f64);
+            if end.is_some_and(|end| at >= end) || open == 0 {
+                break;
+            }
+            if let Some(wait) = at.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            if senders[index as usize % workers].send(at).is_err() {
+                open -= 1;
+            }
+        }
+    });
+    receivers
+}
+
 async fn run_worker(
     shared: Arc<Shared>,
     worker: u32,
-    started: Instant,
+    mut schedule: Option<mpsc::UnboundedReceiver<Instant>>,
     seconds: mpsc::UnboundedSender<SecondSlice>,
 ) -> WorkerResult {
     let config = &shared.config;
@@ -347,25 +382,14 @@ async fn run_worker(
         errors: 0,
         latencies: new_histogram(2),
     };
-    let interval = match config.pace {
-        Pace::Closed => None,
-        Pace::Open { rate_per_s } => Some(Duration::from_secs_f64(
-            f64::from(config.connections) / rate_per_s,
-        )),
-    };
-    // Spread the connections' schedules evenly inside one interval.
-    let offset = interval.map_or(Duration::ZERO, |i| {
-        i.mul_f64(f64::from(worker) / f64::from(config.connections))
-    });
     let mut sender: Option<Sender> = None;
     let mut seq = 0u64;
     loop {
-        let scheduled = match interval {
-            Some(interval) => {
-                let at = started + offset + interval.mul_f64(seq as f64);
-                tokio::time::sleep_until(at.into()).await;
-                at
-            }
+        let scheduled = match schedule.as_mut() {
+            Some(schedule) => match schedule.recv().await {
+                Some(at) => at,
+                None => break,
+            },
             None => Instant::now(),
         };
         if !shared.claim(scheduled.max(Instant::now())) {
