@@ -5,37 +5,12 @@
 mod support;
 
 use serde_json::{Value, json};
-use spate_fraud::generator::{HistoryGenerator, Seeds, TxnGenerator};
-use spate_fraud::history::{ENTRIES_PER_CARD_DEFAULT, HistoryStore, UNSCORED};
+use spate_fraud::history::UNSCORED;
 use spate_fraud::record::Txn;
-use spate_fraud::rules::CaseStudyRules;
 use std::process::{Command, Stdio};
 use std::time::Duration;
+use support::fraud::{START_MS, by_rule, expected, generate_history, generated};
 use support::{Server, agent, get, post};
-
-const START_MS: u64 = 1_800_000_000_000;
-
-/// What the server must compute: the history, then `txns` in order, scored by the same library code.
-fn expected(cards: u32, txns: &[Txn]) -> (HistoryStore, Vec<u8>) {
-    let mut store = HistoryStore::new(ENTRIES_PER_CARD_DEFAULT);
-    for txn in HistoryGenerator::new(&Seeds::default(), cards, 20, START_MS) {
-        store.store(&txn, UNSCORED);
-    }
-    let mut window = Vec::new();
-    let verdicts = txns
-        .iter()
-        .map(|txn| store.score_and_store(txn, &CaseStudyRules, &mut window))
-        .collect();
-    (store, verdicts)
-}
-
-/// The generator's transactions with the virtual clock `spate fraud push --start-ms --per-ms` uses.
-fn generated(cards: u32, count: u64, per_ms: u64) -> Vec<Txn> {
-    let mut generator = TxnGenerator::new(&Seeds::default(), cards);
-    (0..count)
-        .map(|i| generator.next_txn(START_MS + i / per_ms))
-        .collect()
-}
 
 fn as_json(txn: &Txn) -> Value {
     json!({
@@ -51,25 +26,13 @@ fn as_json(txn: &Txn) -> Value {
     })
 }
 
-fn generate_history(agent: &ureq::Agent, server: &Server, cards: u32) {
-    let (status, body) = post(
-        agent,
-        &format!("{}/fraud/history/generate", server.base),
-        None,
-        &json!({"cards": cards, "now_ms": START_MS}),
-    )
-    .unwrap();
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["stored"], u64::from(cards) * 20);
-}
-
 #[test]
 fn http_scoring_equals_offline_scoring_and_bad_input_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), &["--apps", "fraud"], None);
     let agent = agent();
     let cards = 50;
-    generate_history(&agent, &server, cards);
+    generate_history(&server, cards);
     let txns = generated(cards, 300, 1);
     let (store, verdicts) = expected(cards, &txns);
     let url = format!("{}/fraud/transactions", server.base);
@@ -247,7 +210,7 @@ fn kill_9_mid_stream_then_resend_scores_every_record_exactly_once() {
     let server = Server::start(dir.path(), &args, None);
     let agent = agent();
     let (cards, count, per_ms) = (3000u32, 150_000u64, 20u64);
-    generate_history(&agent, &server, cards);
+    generate_history(&server, cards);
     let mut push = Command::new(env!("CARGO_BIN_EXE_spate"));
     push.args([
         "fraud",
@@ -307,14 +270,7 @@ fn kill_9_mid_stream_then_resend_scores_every_record_exactly_once() {
     let (_, stats) = get(&agent, &format!("{}/fraud/stats", server.base));
     assert_eq!(stats["scored"], count, "{stats}");
     assert_eq!(stats["stored_transactions"], store.entries(), "{stats}");
-    let mut by_rule = serde_json::Map::new();
-    for rule in 1..=49u8 {
-        let n = verdicts.iter().filter(|v| **v == rule).count();
-        if n > 0 {
-            by_rule.insert(rule.to_string(), json!(n));
-        }
-    }
-    assert_eq!(stats["flagged_by_rule"], Value::Object(by_rule));
+    assert_eq!(stats["flagged_by_rule"], by_rule(&verdicts));
     for txn in txns.iter().step_by(9973) {
         let (status, history) = get(
             &agent,

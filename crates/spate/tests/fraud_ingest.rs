@@ -5,35 +5,14 @@
 mod support;
 
 use serde_json::{Value, json};
-use spate_fraud::generator::{HistoryGenerator, Seeds, TxnGenerator};
-use spate_fraud::history::{ENTRIES_PER_CARD_DEFAULT, HistoryStore, UNSCORED};
+use spate_fraud::generator::{HistoryGenerator, Seeds};
 use spate_fraud::record::{RECORD_BYTES, Txn};
-use spate_fraud::rules::CaseStudyRules;
 use spate_fraud::stream::{Ack, KIND_SCORE, STATUS_DURABLE, STATUS_INVALID, encode_batch};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
+use support::fraud::{START_MS, by_rule, expected, generate_history, generated};
 use support::{Server, agent, get, post};
-
-const START_MS: u64 = 1_800_000_000_000;
-
-fn expected_verdicts(cards: u32, txns: &[Txn]) -> Vec<u8> {
-    let mut store = HistoryStore::new(ENTRIES_PER_CARD_DEFAULT);
-    for txn in HistoryGenerator::new(&Seeds::default(), cards, 20, START_MS) {
-        store.store(&txn, UNSCORED);
-    }
-    let mut window = Vec::new();
-    txns.iter()
-        .map(|txn| store.score_and_store(txn, &CaseStudyRules, &mut window))
-        .collect()
-}
-
-fn generated(cards: u32, count: u64) -> Vec<Txn> {
-    let mut generator = TxnGenerator::new(&Seeds::default(), cards);
-    (0..count)
-        .map(|i| generator.next_txn(START_MS + i / 1000))
-        .collect()
-}
 
 fn records(txns: &[Txn]) -> Vec<u8> {
     let mut bytes = Vec::new();
@@ -55,29 +34,6 @@ fn stats(server: &Server) -> Value {
     get(&agent(), &format!("{}/fraud/stats", server.base)).1
 }
 
-fn by_rule(verdicts: &[u8]) -> Value {
-    let mut counts = serde_json::Map::new();
-    for rule in 1..=49u8 {
-        let n = verdicts.iter().filter(|v| **v == rule).count();
-        if n > 0 {
-            counts.insert(rule.to_string(), json!(n));
-        }
-    }
-    Value::Object(counts)
-}
-
-fn generate_history(server: &Server, cards: u32) {
-    let url = format!("{}/fraud/history/generate", server.base);
-    let (status, _) = post(
-        &agent(),
-        &url,
-        None,
-        &json!({"cards": cards, "now_ms": START_MS}),
-    )
-    .unwrap();
-    assert_eq!(status, 200);
-}
-
 #[test]
 fn malformed_records_are_skipped_and_bad_frames_refused_while_the_stream_goes_on() {
     let dir = tempfile::tempdir().unwrap();
@@ -85,7 +41,7 @@ fn malformed_records_are_skipped_and_bad_frames_refused_while_the_stream_goes_on
     let log = std::fs::File::create(&log_path).unwrap();
     let server = Server::start_logging_to(dir.path(), &["--apps", "fraud"], None, log.into());
     let mut socket = TcpStream::connect(server.stream.as_ref().unwrap()).unwrap();
-    let txns = generated(100, 3);
+    let txns = generated(100, 3, 1000);
     let mut batch = records(&txns);
     batch[RECORD_BYTES + 20] = b'x';
     let bad_card = format!("{:014}", txns[1].card);
@@ -156,7 +112,7 @@ fn a_producer_that_disconnects_mid_batch_loses_only_that_batch() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), &["--apps", "fraud"], None);
     let address = server.stream.clone().unwrap();
-    let txns = generated(100, 40);
+    let txns = generated(100, 40, 1000);
     let first = encode_batch(KIND_SCORE, 5, 0, &records(&txns[..20]));
     let second = encode_batch(KIND_SCORE, 5, 1, &records(&txns[20..]));
     let mut socket = TcpStream::connect(&address).unwrap();
@@ -183,19 +139,7 @@ fn a_producer_that_disconnects_mid_batch_loses_only_that_batch() {
     assert!(acks.iter().all(|a| a.status == STATUS_DURABLE));
     let stats = stats(&server);
     assert_eq!(stats["scored"], 40);
-    assert_eq!(
-        stats["flagged_by_rule"],
-        by_rule(&expected_verdicts_without_history(&txns))
-    );
-}
-
-/// Verdicts when no history was loaded.
-fn expected_verdicts_without_history(txns: &[Txn]) -> Vec<u8> {
-    let mut store = HistoryStore::new(ENTRIES_PER_CARD_DEFAULT);
-    let mut window = Vec::new();
-    txns.iter()
-        .map(|txn| store.score_and_store(txn, &CaseStudyRules, &mut window))
-        .collect()
+    assert_eq!(stats["flagged_by_rule"], by_rule(&expected(0, &txns).1));
 }
 
 fn spate() -> Command {
@@ -260,7 +204,7 @@ fn pull_scores_what_a_case_study_source_sends() {
     assert_eq!(report["scored"], count);
     let stats = stats(&server);
     assert_eq!(stats["scored"], count);
-    let verdicts = expected_verdicts(cards, &generated(cards, count));
+    let verdicts = expected(cards, &generated(cards, count, 1000)).1;
     assert_eq!(stats["flagged_by_rule"], by_rule(&verdicts));
 }
 
@@ -293,7 +237,7 @@ fn gen_writes_case_study_files_and_score_reproduces_the_library() {
         std::fs::metadata(&history).unwrap().len(),
         u64::from(cards) * 20 * RECORD_BYTES as u64
     );
-    let txns = generated(cards, count);
+    let txns = generated(cards, count, 1000);
     assert_eq!(std::fs::read(&txns_path).unwrap(), records(&txns));
 
     let status = spate()
@@ -306,7 +250,7 @@ fn gen_writes_case_study_files_and_score_reproduces_the_library() {
         .status()
         .unwrap();
     assert!(status.success());
-    let verdicts = expected_verdicts(cards, &txns);
+    let verdicts = expected(cards, &txns).1;
 
     // The same files through a server: history imported over the stream, then the transactions scored.
     let server_dir = tempfile::tempdir().unwrap();

@@ -90,29 +90,7 @@ fn txn_from_json(value: &Value, at: &str) -> Result<Txn, ApiError> {
         fields[index] =
             parse_field(index, text.as_bytes()).map_err(|e| field_error(at, name, e))?;
     }
-    let [
-        card,
-        timestamp,
-        country,
-        response,
-        amount,
-        currency,
-        merchant,
-        city,
-        code,
-    ] = fields;
-    let txn = Txn {
-        card: card.value,
-        timestamp,
-        country: country.value as u16,
-        response: response.value as u8,
-        amount,
-        currency: currency.value as u16,
-        merchant: merchant.value as u16,
-        city: city.value as u32,
-        code,
-    };
-    txn.validate().map_err(|e| field_error(at, "", e))?;
+    let txn = Txn::from_fields(fields).map_err(|e| field_error(at, "amount", e))?;
     if txn.timestamp_ms() <= HISTORY_WINDOW_MS {
         return Err(field_error(
             at,

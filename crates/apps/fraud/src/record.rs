@@ -270,32 +270,39 @@ pub fn parse_body(body: &[u8]) -> Result<Txn, RecordError> {
     for (index, text) in body.split(|&b| b == b',').enumerate() {
         fields[index] = parse_field(index, text)?;
     }
-    let [
-        card,
-        timestamp,
-        country,
-        response,
-        amount,
-        currency,
-        merchant,
-        city,
-        code,
-    ] = fields;
-    if amount.value > AMOUNT_MAX {
-        return Err(RecordError::AmountTooLarge);
+    Txn::from_fields(fields)
+}
+
+impl Txn {
+    /// A transaction from its nine fields in record order, each already checked by [`parse_field`].
+    pub fn from_fields(fields: [Digits; 9]) -> Result<Self, RecordError> {
+        let [
+            card,
+            timestamp,
+            country,
+            response,
+            amount,
+            currency,
+            merchant,
+            city,
+            code,
+        ] = fields;
+        if amount.value > AMOUNT_MAX {
+            return Err(RecordError::AmountTooLarge);
+        }
+        // Widths were checked, so the narrowing casts below cannot truncate.
+        Ok(Self {
+            card: card.value,
+            timestamp,
+            country: country.value as u16,
+            response: response.value as u8,
+            amount,
+            currency: currency.value as u16,
+            merchant: merchant.value as u16,
+            city: city.value as u32,
+            code,
+        })
     }
-    // Widths were checked, so the narrowing casts below cannot truncate.
-    Ok(Txn {
-        card: card.value,
-        timestamp,
-        country: country.value as u16,
-        response: response.value as u8,
-        amount,
-        currency: currency.value as u16,
-        merchant: merchant.value as u16,
-        city: city.value as u32,
-        code,
-    })
 }
 
 /// Parses a field's text given its position; also used for JSON input.

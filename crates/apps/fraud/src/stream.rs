@@ -130,6 +130,17 @@ fn parse_batch(records: &[u8], stream_offset: u64, ingest: &Ingest) -> (Vec<Txn>
     (txns, malformed)
 }
 
+/// Answers batch `seq` as invalid: the producer must not resend it.
+async fn refuse(acks: &mpsc::Sender<Ack>, seq: u64, message: String) {
+    let ack = Ack {
+        seq,
+        status: STATUS_INVALID,
+        message,
+        ..Ack::default()
+    };
+    let _ = acks.send(ack).await;
+}
+
 async fn connection(socket: TcpStream, ingest: Ingest) -> std::io::Result<()> {
     socket.set_nodelay(true)?;
     let (reader, mut writer) = socket.into_split();
@@ -155,13 +166,8 @@ async fn connection(socket: TcpStream, ingest: Ingest) -> std::io::Result<()> {
             let message = format!(
                 "frame of {len} bytes; a batch is {BATCH_HEADER_BYTES}..={FRAME_BYTES_MAX}"
             );
-            let _ = acks
-                .send(Ack {
-                    status: STATUS_INVALID,
-                    message: message.clone(),
-                    ..Ack::default()
-                })
-                .await;
+            // The frame cannot be skipped without its length: answer, then close the connection.
+            refuse(&acks, 0, message.clone()).await;
             break Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 message,
@@ -183,31 +189,18 @@ async fn connection(socket: TcpStream, ingest: Ingest) -> std::io::Result<()> {
             },
             KIND_HISTORY => BatchKind::Import,
             other => {
-                let message = format!("unknown batch kind {other}");
-                let _ = acks
-                    .send(Ack {
-                        seq,
-                        status: STATUS_INVALID,
-                        message,
-                        ..Ack::default()
-                    })
-                    .await;
+                refuse(&acks, seq, format!("unknown batch kind {other}")).await;
                 continue;
             }
         };
-        if records.len() % RECORD_BYTES != 0 {
-            let message = format!(
-                "{} record bytes is not a whole number of {RECORD_BYTES}-byte records",
-                records.len()
-            );
-            let _ = acks
-                .send(Ack {
-                    seq,
-                    status: STATUS_INVALID,
-                    message,
-                    ..Ack::default()
-                })
-                .await;
+        if !records.len().is_multiple_of(RECORD_BYTES) {
+            let whole = format!("a whole number of {RECORD_BYTES}-byte records");
+            refuse(
+                &acks,
+                seq,
+                format!("{} record bytes is not {whole}", records.len()),
+            )
+            .await;
             continue;
         }
         let (txns, malformed) = parse_batch(records, record_offset, &ingest);

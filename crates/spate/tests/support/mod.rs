@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // each test binary uses part of this
 
+pub mod fraud;
+
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
