@@ -398,15 +398,21 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_gap_between_segments_is_an_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let (mut journal, _) = FileJournal::open(dir.path(), small_segments()).unwrap();
+    /// A journal of 18 records in groups of 3, spread over several small segments.
+    fn eighteen_records_in_small_segments(dir: &Path) -> FileJournal {
+        let (mut journal, _) = FileJournal::open(dir, small_segments()).unwrap();
         for batch in 0..6 {
             journal
                 .append(&frames(batch * 3..batch * 3 + 3), 3)
                 .unwrap();
         }
+        journal
+    }
+
+    #[test]
+    fn a_gap_between_segments_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = eighteen_records_in_small_segments(dir.path());
         let middle = journal.segments[1].path.clone();
         drop(journal);
         fs::remove_file(middle).unwrap();
@@ -472,12 +478,7 @@ mod tests {
     #[test]
     fn a_flipped_bit_in_an_older_segment_stops_replay() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut journal, _) = FileJournal::open(dir.path(), small_segments()).unwrap();
-        for batch in 0..6 {
-            journal
-                .append(&frames(batch * 3..batch * 3 + 3), 3)
-                .unwrap();
-        }
+        let journal = eighteen_records_in_small_segments(dir.path());
         let first = journal.segments[0].path.clone();
         drop(journal);
         let mut bytes = fs::read(&first).unwrap();
