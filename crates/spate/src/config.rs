@@ -79,13 +79,18 @@ pub struct AppOptions {
 }
 
 /// Every app this binary can run, by name.
-const APPS: &[&str] = &[spate_fraud::APP_NAME, spate_tally::APP_NAME];
+const APPS: &[&str] = &[
+    spate_fraud::APP_NAME,
+    spate_leaderboard::APP_NAME,
+    spate_tally::APP_NAME,
+];
 
 pub fn modules(names: &[String], options: &AppOptions) -> anyhow::Result<Vec<AppModule>> {
     names
         .iter()
         .map(|name| match name.as_str() {
             spate_tally::APP_NAME => Ok(spate_tally::module()),
+            spate_leaderboard::APP_NAME => Ok(spate_leaderboard::module()),
             spate_fraud::APP_NAME => {
                 let key = spate_fraud::cipher::load_or_create_key(&options.fraud_key_file)
                     .with_context(|| {

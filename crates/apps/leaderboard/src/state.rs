@@ -1,0 +1,133 @@
+//! `LeaderboardState`: the boards a partition owns (a board lives on the partition its name hashes to,
+//! so all of its updates are applied by one thread, in order, without locks).
+
+use crate::board::Board;
+use crate::command::{Command, ItemResult, Outcome};
+use crate::board::UpdateError;
+use spate_engine::wire::{Put, Reader};
+use spate_engine::{Effects, StateMachine};
+use std::collections::BTreeMap;
+use std::io;
+
+#[derive(Debug, Default)]
+pub struct LeaderboardState {
+    boards: BTreeMap<String, Board>,
+}
+
+/// A different tie-breaker for every update of one command, from the command's one random draw.
+fn item_tie(random: u64, index: usize) -> u64 {
+    let mut z = random.wrapping_add((index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl LeaderboardState {
+    pub fn board(&self, name: &str) -> Option<&Board> {
+        self.boards.get(name)
+    }
+
+    pub fn boards(&self) -> impl Iterator<Item = (&String, &Board)> {
+        self.boards.iter()
+    }
+
+    /// Applies one decoded command, writing its reply into `reply`.
+    pub fn execute(&mut self, command: &Command<'_>, timestamp_ms: u64, random: u64, reply: &mut Vec<u8>) {
+        let outcome = match command {
+            Command::Create { board, config } => match self.boards.get(*board) {
+                Some(existing) => Outcome::Exists {
+                    config: existing.config,
+                },
+                None => {
+                    self.boards
+                        .insert((*board).to_string(), Board::new(*config, timestamp_ms));
+                    Outcome::Created { config: *config }
+                }
+            },
+            Command::Update {
+                board,
+                with_rank,
+                items,
+            } => {
+                let Some(board) = self.boards.get_mut(*board) else {
+                    return Outcome::NoSuchBoard.encode(reply);
+                };
+                let config = board.config;
+                let season = board.current_mut();
+                Outcome::begin_updated(reply, season.number, items.len());
+                for (index, item) in items.iter().enumerate() {
+                    let operator = item.operator.unwrap_or(config.operator);
+                    let result = match season.update(&config, item.member, operator, item.value, item_tie(random, index)) {
+                        Ok(score) => ItemResult::Scored {
+                            score,
+                            rank: with_rank.then(|| season.rank(item.member).expect("just updated")),
+                        },
+                        Err(UpdateError::Overflow) => ItemResult::Overflow,
+                        Err(UpdateError::Full) => ItemResult::BoardFull,
+                    };
+                    result.encode(reply);
+                }
+                return;
+            }
+            Command::DeleteMember { board, member } => match self.boards.get_mut(*board) {
+                None => Outcome::NoSuchBoard,
+                Some(board) => {
+                    if board.current_mut().delete(member) {
+                        Outcome::Deleted
+                    } else {
+                        Outcome::NoSuchMember
+                    }
+                }
+            },
+            Command::DeleteBoard { board } => match self.boards.remove(*board) {
+                Some(_) => Outcome::Deleted,
+                None => Outcome::NoSuchBoard,
+            },
+            Command::Reset { board } => match self.boards.get_mut(*board) {
+                Some(board) => Outcome::Reset {
+                    season: board.reset(timestamp_ms),
+                },
+                None => Outcome::NoSuchBoard,
+            },
+        };
+        outcome.encode(reply);
+    }
+
+    pub fn restore(input: &mut dyn io::Read) -> io::Result<Self> {
+        let mut bytes = Vec::new();
+        input.read_to_end(&mut bytes)?;
+        let invalid = |e: spate_engine::wire::WireError| io::Error::new(io::ErrorKind::InvalidData, e.to_string());
+        let mut r = Reader::new(&bytes);
+        let mut boards = BTreeMap::new();
+        for _ in 0..r.u32().map_err(invalid)? {
+            let name = String::from_utf8(r.bytes().map_err(invalid)?.to_vec())
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "board name is not UTF-8"))?;
+            boards.insert(name, Board::read(&mut r).map_err(invalid)?);
+        }
+        r.finish().map_err(invalid)?;
+        Ok(Self { boards })
+    }
+}
+
+impl StateMachine for LeaderboardState {
+    fn apply(&mut self, command: &spate_engine::Command<'_>, effects: &mut Effects<'_>) {
+        let envelope = command.envelope;
+        match Command::decode(command.payload) {
+            Ok(decoded) => self.execute(&decoded, envelope.timestamp_ms, envelope.random, effects.reply()),
+            Err(error) => Outcome::Invalid {
+                reason: error.to_string(),
+            }
+            .encode(effects.reply()),
+        }
+    }
+
+    fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
+        let mut bytes = Vec::new();
+        bytes.put_u32(u32::try_from(self.boards.len()).expect("board count fits in u32"));
+        for (name, board) in &self.boards {
+            bytes.put_bytes(name.as_bytes());
+            board.write(&mut bytes);
+        }
+        out.write_all(&bytes)
+    }
+}
