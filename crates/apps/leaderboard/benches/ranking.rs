@@ -1,1 +1,173 @@
-fn main() {}
+//! In-process apply on one core, no I/O: the leaderboard's state machine fed encoded update commands, as
+//! the partition thread feeds it, on a board of 1M members; and rank queries on a board of 10M.
+//! `cargo bench -p spate-leaderboard --bench ranking`
+
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use spate_leaderboard::{
+    BoardConfig, Command, LeaderboardState, Operator, Order, Season, TiePolicy, UpdateItem,
+};
+use std::hint::black_box;
+
+const MEMBERS: u32 = 1_000_000;
+const UPDATES_PER_COMMAND: usize = 1_000;
+const BOARD: &str = "bench";
+
+fn member(n: u32) -> String {
+    format!("user{n}")
+}
+
+/// A board of `MEMBERS` with scores spread over 0..1e6, ties broken by arrival.
+fn filled_state(ties: TiePolicy) -> LeaderboardState {
+    let mut state = LeaderboardState::default();
+    let config = BoardConfig {
+        order: Order::Descending,
+        ties,
+        operator: Operator::Increment,
+    };
+    let mut reply = Vec::new();
+    state.execute(
+        &Command::Create {
+            board: BOARD,
+            config,
+        },
+        0,
+        0,
+        &mut reply,
+    );
+    let mut rng = SmallRng::seed_from_u64(7);
+    let names: Vec<String> = (0..MEMBERS).map(member).collect();
+    for chunk in names.chunks(UPDATES_PER_COMMAND) {
+        let items = chunk
+            .iter()
+            .map(|m| UpdateItem {
+                member: m,
+                operator: Some(Operator::Set),
+                value: rng.random_range(0..1_000_000),
+            })
+            .collect();
+        reply.clear();
+        state.execute(
+            &Command::Update {
+                board: BOARD,
+                with_rank: false,
+                items,
+            },
+            0,
+            rng.random(),
+            &mut reply,
+        );
+    }
+    state
+}
+
+/// Encoded update commands for random members; `value` draws each update's score argument.
+fn commands(operator: Operator, value: impl Fn(&mut SmallRng) -> i128) -> Vec<Vec<u8>> {
+    let mut rng = SmallRng::seed_from_u64(11);
+    (0..200)
+        .map(|_| {
+            let names: Vec<String> = (0..UPDATES_PER_COMMAND)
+                .map(|_| member(rng.random_range(0..MEMBERS)))
+                .collect();
+            let items = names
+                .iter()
+                .map(|m| UpdateItem {
+                    member: m,
+                    operator: Some(operator),
+                    value: value(&mut rng),
+                })
+                .collect();
+            Command::Update {
+                board: BOARD,
+                with_rank: false,
+                items,
+            }
+            .encode()
+        })
+        .collect()
+}
+
+/// Draws one update's score argument.
+type DrawValue = fn(&mut SmallRng) -> i128;
+
+fn apply(c: &mut Criterion) {
+    let mut group = c.benchmark_group("leaderboard_apply_1M_members");
+    group.throughput(Throughput::Elements(UPDATES_PER_COMMAND as u64));
+    let cases: [(&str, TiePolicy, Operator, DrawValue); 3] = [
+        (
+            "increment_1_to_100",
+            TiePolicy::First,
+            Operator::Increment,
+            |rng| rng.random_range(1..=100),
+        ),
+        (
+            "increment_random_ties",
+            TiePolicy::Random,
+            Operator::Increment,
+            |rng| rng.random_range(1..=100),
+        ),
+        ("set_anywhere", TiePolicy::First, Operator::Set, |rng| {
+            rng.random_range(0..1_000_000)
+        }),
+    ];
+    for (name, ties, operator, value) in cases {
+        let mut state = filled_state(ties);
+        let encoded = commands(operator, value);
+        let mut next = 0usize;
+        let mut reply = Vec::with_capacity(UPDATES_PER_COMMAND * 20);
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let payload = &encoded[next % encoded.len()];
+                next += 1;
+                let command = Command::decode(payload).expect("valid command");
+                reply.clear();
+                state.execute(&command, 1, next as u64, &mut reply);
+                black_box(&reply);
+            })
+        });
+    }
+    group.finish();
+}
+
+fn rank(c: &mut Criterion) {
+    const BIG: u32 = 10_000_000;
+    let config = BoardConfig {
+        order: Order::Descending,
+        ties: TiePolicy::First,
+        operator: Operator::Set,
+    };
+    let mut season = Season::new(1, 0);
+    let mut rng = SmallRng::seed_from_u64(3);
+    for n in 0..BIG {
+        season
+            .update(
+                &config,
+                &member(n),
+                Operator::Set,
+                rng.random_range(0..1_000_000_000),
+                0,
+            )
+            .expect("fits");
+    }
+    let mut group = c.benchmark_group("leaderboard_query_10M_members");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("rank_of_member", |b| {
+        b.iter_batched(
+            || member(rng.random_range(0..BIG)),
+            |m| black_box(season.rank(&m)),
+            BatchSize::SmallInput,
+        )
+    });
+    group.bench_function("top_100_from_random_offset", |b| {
+        b.iter_batched(
+            || rng.random_range(0..BIG as usize),
+            |offset| black_box(season.page(&config, offset, 100)),
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(benches, apply, rank);
+criterion_main!(benches);

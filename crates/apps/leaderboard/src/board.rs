@@ -198,9 +198,7 @@ impl Season {
         let old_score = config.score(old.key);
         let score = match operator {
             Operator::Set => value,
-            Operator::Increment => old_score
-                .checked_add(value)
-                .ok_or(UpdateError::Overflow)?,
+            Operator::Increment => old_score.checked_add(value).ok_or(UpdateError::Overflow)?,
             Operator::Best => config.better(old_score, value),
             Operator::Worst => config.worse(old_score, value),
         };
@@ -415,7 +413,9 @@ impl Board {
     }
 
     pub fn current_mut(&mut self) -> &mut Season {
-        self.seasons.last_mut().expect("a board always has a season")
+        self.seasons
+            .last_mut()
+            .expect("a board always has a season")
     }
 
     /// The season numbered `number` (1-based), or the current one.
@@ -495,7 +495,10 @@ mod tests {
         assert_eq!(s.update(&c, "b", Operator::Best, 9, 0), Ok(9));
         assert_eq!(s.update(&c, "b", Operator::Worst, 2, 0), Ok(2));
         assert_eq!(s.rank("a"), Some(1));
-        assert_eq!(s.update(&c, "a", Operator::Set, i128::MAX, 0), Ok(i128::MAX));
+        assert_eq!(
+            s.update(&c, "a", Operator::Set, i128::MAX, 0),
+            Ok(i128::MAX)
+        );
         assert_eq!(
             s.update(&c, "a", Operator::Increment, 1, 0),
             Err(UpdateError::Overflow)
@@ -540,19 +543,42 @@ mod tests {
         }
 
         impl Model {
-            fn update(&mut self, c: &BoardConfig, member: &str, op: Operator, value: i128, random: u64) -> Option<i128> {
+            fn update(
+                &mut self,
+                c: &BoardConfig,
+                member: &str,
+                op: Operator,
+                value: i128,
+                random: u64,
+            ) -> Option<i128> {
                 let old = self.members.get(member).map(|m| m.0);
                 let score = match (old, op) {
                     (None, _) | (Some(_), Operator::Set) => value,
                     (Some(o), Operator::Increment) => o.checked_add(value)?,
-                    (Some(o), Operator::Best) => if c.order == Order::Descending { o.max(value) } else { o.min(value) },
-                    (Some(o), Operator::Worst) => if c.order == Order::Descending { o.min(value) } else { o.max(value) },
+                    (Some(o), Operator::Best) => {
+                        if c.order == Order::Descending {
+                            o.max(value)
+                        } else {
+                            o.min(value)
+                        }
+                    }
+                    (Some(o), Operator::Worst) => {
+                        if c.order == Order::Descending {
+                            o.min(value)
+                        } else {
+                            o.max(value)
+                        }
+                    }
                 };
                 if old == Some(score) && c.ties == TiePolicy::First {
                     return Some(score);
                 }
                 self.next_tie += 1;
-                let tie = if c.ties == TiePolicy::First { self.next_tie } else { random };
+                let tie = if c.ties == TiePolicy::First {
+                    self.next_tie
+                } else {
+                    random
+                };
                 self.members.insert(member.to_string(), (score, tie));
                 Some(score)
             }
@@ -560,7 +586,11 @@ mod tests {
             fn ranking(&self, c: &BoardConfig) -> Vec<(String, i128)> {
                 let mut all: Vec<_> = self.members.iter().collect();
                 all.sort_by(|a, b| {
-                    let by_score = if c.order == Order::Descending { b.1.0.cmp(&a.1.0) } else { a.1.0.cmp(&b.1.0) };
+                    let by_score = if c.order == Order::Descending {
+                        b.1.0.cmp(&a.1.0)
+                    } else {
+                        a.1.0.cmp(&b.1.0)
+                    };
                     by_score.then(a.1.1.cmp(&b.1.1))
                 });
                 all.into_iter().map(|(m, (s, _))| (m.clone(), *s)).collect()

@@ -76,7 +76,9 @@ impl<'a> Command<'a> {
                 buf.put_u8(UPDATE);
                 buf.put_bytes(board.as_bytes());
                 buf.put_u8(u8::from(*with_rank));
-                buf.put_u32(u32::try_from(items.len()).expect("bounded by UPDATES_PER_COMMAND_MAX"));
+                buf.put_u32(
+                    u32::try_from(items.len()).expect("bounded by UPDATES_PER_COMMAND_MAX"),
+                );
                 for item in items {
                     buf.put_bytes(item.member.as_bytes());
                     buf.put_u8(item.operator.map_or(OPERATOR_DEFAULT, Operator::code));
@@ -119,7 +121,9 @@ impl<'a> Command<'a> {
                     let member = name(&mut r)?;
                     let operator = match r.u8()? {
                         OPERATOR_DEFAULT => None,
-                        code => Some(Operator::from_code(code).ok_or_else(|| r.invalid("operator"))?),
+                        code => {
+                            Some(Operator::from_code(code).ok_or_else(|| r.invalid("operator"))?)
+                        }
                     };
                     items.push(UpdateItem {
                         member,
@@ -162,23 +166,37 @@ fn name<'a>(r: &mut Reader<'a>) -> Result<&'a str, WireError> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ItemResult {
     /// The member's score now, and its rank when asked for.
-    Scored { score: i128, rank: Option<u64> },
+    Scored {
+        score: i128,
+        rank: Option<u64>,
+    },
     Overflow,
     BoardFull,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    Created { config: BoardConfig },
+    Created {
+        config: BoardConfig,
+    },
     /// Create found a board of that name: here is its configuration.
-    Exists { config: BoardConfig },
-    Updated { season: u32, items: Vec<ItemResult> },
+    Exists {
+        config: BoardConfig,
+    },
+    Updated {
+        season: u32,
+        items: Vec<ItemResult>,
+    },
     Deleted,
-    Reset { season: u32 },
+    Reset {
+        season: u32,
+    },
     NoSuchBoard,
     NoSuchMember,
     /// The payload did not decode; only a bug or a damaged journal produces it.
-    Invalid { reason: String },
+    Invalid {
+        reason: String,
+    },
 }
 
 const CREATED: u8 = 0;
@@ -323,11 +341,22 @@ mod tests {
                 board: "b",
                 with_rank: true,
                 items: vec![
-                    UpdateItem { member: "m", operator: None, value: i128::MIN },
-                    UpdateItem { member: "n", operator: Some(Operator::Worst), value: 7 },
+                    UpdateItem {
+                        member: "m",
+                        operator: None,
+                        value: i128::MIN,
+                    },
+                    UpdateItem {
+                        member: "n",
+                        operator: Some(Operator::Worst),
+                        value: 7,
+                    },
                 ],
             },
-            Command::DeleteMember { board: "b", member: "m" },
+            Command::DeleteMember {
+                board: "b",
+                member: "m",
+            },
             Command::DeleteBoard { board: "b" },
             Command::Reset { board: "b" },
         ];
@@ -342,8 +371,14 @@ mod tests {
             Outcome::Updated {
                 season: 2,
                 items: vec![
-                    ItemResult::Scored { score: -3, rank: Some(9) },
-                    ItemResult::Scored { score: i128::MAX, rank: None },
+                    ItemResult::Scored {
+                        score: -3,
+                        rank: Some(9),
+                    },
+                    ItemResult::Scored {
+                        score: i128::MAX,
+                        rank: None,
+                    },
                     ItemResult::Overflow,
                     ItemResult::BoardFull,
                 ],

@@ -43,7 +43,10 @@ fn check_name(field: &str, name: &str) -> Result<(), ApiError> {
 /// exactly).
 fn parse_score(field: &str, value: &Value) -> Result<i128, ApiError> {
     let parsed = match value {
-        Value::Number(n) => n.as_i64().map(i128::from).or_else(|| n.as_u64().map(i128::from)),
+        Value::Number(n) => n
+            .as_i64()
+            .map(i128::from)
+            .or_else(|| n.as_u64().map(i128::from)),
         Value::String(s) => return parse_score_text(field, s),
         _ => None,
     };
@@ -92,9 +95,14 @@ fn parse_operator(field: &str, name: &str) -> Result<Operator, ApiError> {
     })
 }
 
-fn param_number<T: std::str::FromStr>(params: &HashMap<String, String>, name: &str, default: T, max: T) -> Result<T, ApiError>
+fn param_number<T>(
+    params: &HashMap<String, String>,
+    name: &str,
+    default: T,
+    max: T,
+) -> Result<T, ApiError>
 where
-    T: PartialOrd + std::fmt::Display + Copy,
+    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
 {
     let Some(text) = params.get(name) else {
         return Ok(default);
@@ -122,15 +130,25 @@ fn param_season(params: &HashMap<String, String>) -> Result<Option<u32>, ApiErro
 }
 
 fn internal(message: impl std::fmt::Display) -> ApiError {
-    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message.to_string())
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        message.to_string(),
+    )
 }
 
 fn no_board(board: &str) -> ApiError {
-    ApiError::not_found(format!("no board {board:?}; create it with POST /leaderboards"))
+    ApiError::not_found(format!(
+        "no board {board:?}; create it with POST /leaderboards"
+    ))
 }
 
 /// Queues a command on the board's partition; awaiting it gives the outcome once durable.
-fn enqueue(engine: &EngineHandle, id: Option<CommandId>, command: &Command<'_>) -> Result<Pending, ApiError> {
+fn enqueue(
+    engine: &EngineHandle,
+    id: Option<CommandId>,
+    command: &Command<'_>,
+) -> Result<Pending, ApiError> {
     let partition = engine.partition_of(command.board().as_bytes());
     engine
         .enqueue(partition, APP_ID, id, command.encode())
@@ -140,12 +158,18 @@ fn enqueue(engine: &EngineHandle, id: Option<CommandId>, command: &Command<'_>) 
 async fn outcome(pending: Pending) -> Result<Outcome, ApiError> {
     let bytes = reply_bytes(pending.reply().await?)?;
     match Outcome::decode(&bytes).map_err(internal)? {
-        Outcome::Invalid { reason } => Err(internal(format!("the engine could not decode a command: {reason}"))),
+        Outcome::Invalid { reason } => Err(internal(format!(
+            "the engine could not decode a command: {reason}"
+        ))),
         outcome => Ok(outcome),
     }
 }
 
-async fn run(engine: &EngineHandle, headers: &HeaderMap, command: Command<'_>) -> Result<Outcome, ApiError> {
+async fn run(
+    engine: &EngineHandle,
+    headers: &HeaderMap,
+    command: Command<'_>,
+) -> Result<Outcome, ApiError> {
     let id = command_id(headers, APP_NAME)?;
     outcome(enqueue(engine, id, &command)?).await
 }
@@ -161,7 +185,9 @@ async fn read_season<R: Send + 'static>(
     let name = board.to_string();
     let found = engine
         .query(partition, APP_ID, move |state: &LeaderboardState| {
-            state.board(&name).map(|b| b.season(season).map(|s| read(&b.config, s)))
+            state
+                .board(&name)
+                .map(|b| b.season(season).map(|s| read(&b.config, s)))
         })
         .await?;
     match found {
@@ -197,7 +223,10 @@ async fn all_boards(engine: &EngineHandle) -> Result<Vec<(String, Value)>, ApiEr
     for partition in 0..engine.partition_count() {
         let found: Vec<(String, Value)> = engine
             .query(partition, APP_ID, |state: &LeaderboardState| {
-                state.boards().map(|(name, board)| (name.clone(), board_json(name, board))).collect()
+                state
+                    .boards()
+                    .map(|(name, board)| (name.clone(), board_json(name, board)))
+                    .collect()
             })
             .await?;
         boards.extend(found);
@@ -215,34 +244,68 @@ struct CreateBody {
     operator: Option<String>,
 }
 
-async fn create(engine: &EngineHandle, headers: &HeaderMap, name: &str, config: BoardConfig) -> Result<Outcome, ApiError> {
+async fn create(
+    engine: &EngineHandle,
+    headers: &HeaderMap,
+    name: &str,
+    config: BoardConfig,
+) -> Result<Outcome, ApiError> {
     check_name("name", name)?;
     if RESERVED_BOARD_NAMES.contains(&name) {
-        return Err(ApiError::bad_request(format!("{name:?} is reserved; choose another board name")));
+        return Err(ApiError::bad_request(format!(
+            "{name:?} is reserved; choose another board name"
+        )));
     }
-    run(engine, headers, Command::Create { board: name, config }).await
+    run(
+        engine,
+        headers,
+        Command::Create {
+            board: name,
+            config,
+        },
+    )
+    .await
 }
 
-async fn create_board(engine: EngineHandle, headers: HeaderMap, body: CreateBody) -> Result<Response, ApiError> {
+async fn create_board(
+    engine: EngineHandle,
+    headers: HeaderMap,
+    body: CreateBody,
+) -> Result<Response, ApiError> {
     let order = match body.order.as_deref() {
         None => Order::Descending,
-        Some(text) => Order::parse(text).ok_or_else(|| ApiError::bad_request(format!("order must be one of {}", Order::NAMES.join(", "))))?,
+        Some(text) => Order::parse(text).ok_or_else(|| {
+            ApiError::bad_request(format!("order must be one of {}", Order::NAMES.join(", ")))
+        })?,
     };
     let ties = match body.ties.as_deref() {
         None => TiePolicy::First,
-        Some(text) => TiePolicy::parse(text).ok_or_else(|| ApiError::bad_request(format!("ties must be one of {}", TiePolicy::NAMES.join(", "))))?,
+        Some(text) => TiePolicy::parse(text).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "ties must be one of {}",
+                TiePolicy::NAMES.join(", ")
+            ))
+        })?,
     };
     let operator = match body.operator.as_deref() {
         None => Operator::Set,
         Some(text) => parse_operator("operator", text)?,
     };
-    let config = BoardConfig { order, ties, operator };
+    let config = BoardConfig {
+        order,
+        ties,
+        operator,
+    };
     match create(&engine, &headers, &body.name, config).await? {
         Outcome::Created { .. } => {
             let board = Board::new(config, 0);
             Ok(json(StatusCode::CREATED, &board_json(&body.name, &board)))
         }
-        Outcome::Exists { .. } => Err(ApiError::new(StatusCode::CONFLICT, "board_exists", format!("board {:?} exists already", body.name))),
+        Outcome::Exists { .. } => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "board_exists",
+            format!("board {:?} exists already", body.name),
+        )),
         other => Err(internal(format!("unexpected outcome {other:?}"))),
     }
 }
@@ -268,17 +331,32 @@ async fn update_one(
     let command = Command::Update {
         board,
         with_rank: true,
-        items: vec![UpdateItem { member, operator, value }],
+        items: vec![UpdateItem {
+            member,
+            operator,
+            value,
+        }],
     };
     match run(engine, headers, command).await? {
         Outcome::Updated { season, items } => match items.as_slice() {
-            [ItemResult::Scored { score, rank: Some(rank) }] => Ok((season, *score, *rank)),
+            [
+                ItemResult::Scored {
+                    score,
+                    rank: Some(rank),
+                },
+            ] => Ok((season, *score, *rank)),
             [ItemResult::Overflow] => Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "score_out_of_range",
-                format!("the new score of {member:?} would leave the signed 128-bit range; its score is unchanged"),
+                format!(
+                    "the new score of {member:?} would leave the signed 128-bit range; its score is unchanged"
+                ),
             )),
-            [ItemResult::BoardFull] => Err(ApiError::new(StatusCode::CONFLICT, "board_full", format!("board {board:?} holds the most members a board may hold"))),
+            [ItemResult::BoardFull] => Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "board_full",
+                format!("board {board:?} holds the most members a board may hold"),
+            )),
             other => Err(internal(format!("unexpected item results {other:?}"))),
         },
         Outcome::NoSuchBoard => Err(no_board(board)),
@@ -309,22 +387,42 @@ struct BulkScore {
 }
 
 /// One command per board, queued together; results come back in the request's order.
-async fn bulk_update(engine: EngineHandle, headers: HeaderMap, body: BulkBody) -> Result<Response, ApiError> {
+async fn bulk_update(
+    engine: EngineHandle,
+    headers: HeaderMap,
+    body: BulkBody,
+) -> Result<Response, ApiError> {
     let total: usize = body.leaderboards.iter().map(|b| b.scores.len()).sum();
     if total > UPDATES_PER_REQUEST_MAX {
-        return Err(ApiError::bad_request(format!("at most {UPDATES_PER_REQUEST_MAX} score updates per request, got {total}")));
+        return Err(ApiError::bad_request(format!(
+            "at most {UPDATES_PER_REQUEST_MAX} score updates per request, got {total}"
+        )));
     }
     // Validate everything before queueing anything: a bad item refuses the whole request.
     let mut by_board: BTreeMap<&str, Vec<(usize, UpdateItem<'_>)>> = BTreeMap::new();
     let mut position = 0;
     for (b, board) in body.leaderboards.iter().enumerate() {
-        check_name(&format!("leaderboards[{b}].leaderboardId"), &board.leaderboard_id)?;
+        check_name(
+            &format!("leaderboards[{b}].leaderboardId"),
+            &board.leaderboard_id,
+        )?;
         for (s, score) in board.scores.iter().enumerate() {
             let field = format!("leaderboards[{b}].scores[{s}]");
             check_name(&format!("{field}.memberId"), &score.member_id)?;
             let value = parse_score(&format!("{field}.score"), &score.score)?;
-            let operator = score.mode.as_deref().map(|m| parse_operator(&format!("{field}.mode"), m)).transpose()?;
-            by_board.entry(&board.leaderboard_id).or_default().push((position, UpdateItem { member: &score.member_id, operator, value }));
+            let operator = score
+                .mode
+                .as_deref()
+                .map(|m| parse_operator(&format!("{field}.mode"), m))
+                .transpose()?;
+            by_board.entry(&board.leaderboard_id).or_default().push((
+                position,
+                UpdateItem {
+                    member: &score.member_id,
+                    operator,
+                    value,
+                },
+            ));
             position += 1;
         }
     }
@@ -332,8 +430,14 @@ async fn bulk_update(engine: EngineHandle, headers: HeaderMap, body: BulkBody) -
     let mut queued = Vec::with_capacity(by_board.len());
     for (board, items) in &by_board {
         // Each board's share of a keyed request gets its own id, derived from the key and the board.
-        let id = request_id.map(|id| xxhash_rust::xxh3::xxh3_128(&[&id.to_le_bytes()[..], board.as_bytes()].concat()));
-        let command = Command::Update { board, with_rank: false, items: items.iter().map(|(_, item)| *item).collect() };
+        let id = request_id.map(|id| {
+            xxhash_rust::xxh3::xxh3_128(&[&id.to_le_bytes()[..], board.as_bytes()].concat())
+        });
+        let command = Command::Update {
+            board,
+            with_rank: false,
+            items: items.iter().map(|(_, item)| *item).collect(),
+        };
         queued.push((board, items, enqueue(&engine, id, &command)));
     }
     let mut results = vec![Value::Null; total];
@@ -346,14 +450,24 @@ async fn bulk_update(engine: EngineHandle, headers: HeaderMap, body: BulkBody) -
         for (index, (position, item)) in items.iter().enumerate() {
             let result = match &outcome {
                 Ok(Outcome::Updated { items: results, .. }) => match results.get(index) {
-                    Some(ItemResult::Scored { score, .. }) => json!({"leaderboardId": board, "memberId": item.member, "score": score.to_string()}),
-                    Some(ItemResult::Overflow) => json!({"leaderboardId": board, "memberId": item.member, "error": {"code": "score_out_of_range", "message": "the new score would leave the signed 128-bit range; unchanged"}}),
-                    Some(ItemResult::BoardFull) => json!({"leaderboardId": board, "memberId": item.member, "error": {"code": "board_full", "message": "the board holds the most members a board may hold"}}),
+                    Some(ItemResult::Scored { score, .. }) => {
+                        json!({"leaderboardId": board, "memberId": item.member, "score": score.to_string()})
+                    }
+                    Some(ItemResult::Overflow) => {
+                        json!({"leaderboardId": board, "memberId": item.member, "error": {"code": "score_out_of_range", "message": "the new score would leave the signed 128-bit range; unchanged"}})
+                    }
+                    Some(ItemResult::BoardFull) => {
+                        json!({"leaderboardId": board, "memberId": item.member, "error": {"code": "board_full", "message": "the board holds the most members a board may hold"}})
+                    }
                     None => return Err(internal("fewer results than updates")),
                 },
-                Ok(Outcome::NoSuchBoard) => json!({"leaderboardId": board, "memberId": item.member, "error": {"code": "not_found", "message": format!("no board {board:?}")}}),
+                Ok(Outcome::NoSuchBoard) => {
+                    json!({"leaderboardId": board, "memberId": item.member, "error": {"code": "not_found", "message": format!("no board {board:?}")}})
+                }
                 Ok(other) => return Err(internal(format!("unexpected outcome {other:?}"))),
-                Err(error) => json!({"leaderboardId": board, "memberId": item.member, "error": {"code": error.code, "message": error.message}}),
+                Err(error) => {
+                    json!({"leaderboardId": board, "memberId": item.member, "error": {"code": error.code, "message": error.message}})
+                }
             };
             if result.get("error").is_some() {
                 failed += 1;
@@ -361,16 +475,26 @@ async fn bulk_update(engine: EngineHandle, headers: HeaderMap, body: BulkBody) -
             results[*position] = result;
         }
     }
-    Ok(json(StatusCode::OK, &json!({"updated": total - failed, "failed": failed, "results": results})))
+    Ok(json(
+        StatusCode::OK,
+        &json!({"updated": total - failed, "failed": failed, "results": results}),
+    ))
 }
 
-async fn top(engine: EngineHandle, board: String, params: HashMap<String, String>) -> Result<Response, ApiError> {
+async fn top(
+    engine: EngineHandle,
+    board: String,
+    params: HashMap<String, String>,
+) -> Result<Response, ApiError> {
     check_name("board", &board)?;
     let season = param_season(&params)?;
     let limit = param_number(&params, "limit", 10usize, PAGE_LIMIT_MAX)?;
     let cursor = match params.get("cursor") {
         None => None,
-        Some(text) => Some(Cursor::parse(text).ok_or_else(|| ApiError::bad_request("cursor is not one this server returned"))?),
+        Some(text) => Some(
+            Cursor::parse(text)
+                .ok_or_else(|| ApiError::bad_request("cursor is not one this server returned"))?,
+        ),
     };
     if cursor.is_some() && params.contains_key("offset") {
         return Err(ApiError::bad_request("give offset or cursor, not both"));
@@ -382,29 +506,52 @@ async fn top(engine: EngineHandle, board: String, params: HashMap<String, String
             None => season.page(config, offset, limit),
         };
         let next = match page.last() {
-            Some(last) if (last.rank as usize) < season.len() => season.cursor_after(&last.member).map(Cursor::to_text),
+            Some(last) if (last.rank as usize) < season.len() => {
+                season.cursor_after(&last.member).map(Cursor::to_text)
+            }
             _ => None,
         };
         (season.len(), page, next)
     })
     .await?;
     let entries: Vec<Value> = page.iter().map(standing_json).collect();
-    Ok(json(StatusCode::OK, &json!({"board": board, "members": total, "entries": entries, "next_cursor": next})))
+    Ok(json(
+        StatusCode::OK,
+        &json!({"board": board, "members": total, "entries": entries, "next_cursor": next}),
+    ))
 }
 
-async fn member_standing(engine: EngineHandle, board: String, member: String, params: HashMap<String, String>) -> Result<Response, ApiError> {
+async fn member_standing(
+    engine: EngineHandle,
+    board: String,
+    member: String,
+    params: HashMap<String, String>,
+) -> Result<Response, ApiError> {
     check_name("board", &board)?;
     check_name("member", &member)?;
     let season = param_season(&params)?;
     let name = member.clone();
-    let found = read_season(&engine, &board, season, move |config, season| season.member(config, &name).map(|s| (season.number, s))).await?;
+    let found = read_season(&engine, &board, season, move |config, season| {
+        season.member(config, &name).map(|s| (season.number, s))
+    })
+    .await?;
     let Some((season, standing)) = found else {
-        return Err(ApiError::not_found(format!("{member:?} has no score on board {board:?}")));
+        return Err(ApiError::not_found(format!(
+            "{member:?} has no score on board {board:?}"
+        )));
     };
-    Ok(json(StatusCode::OK, &json!({"board": board, "season": season, "member": member, "score": standing.score.to_string(), "rank": standing.rank})))
+    Ok(json(
+        StatusCode::OK,
+        &json!({"board": board, "season": season, "member": member, "score": standing.score.to_string(), "rank": standing.rank}),
+    ))
 }
 
-async fn around(engine: EngineHandle, board: String, member: String, params: HashMap<String, String>) -> Result<Response, ApiError> {
+async fn around(
+    engine: EngineHandle,
+    board: String,
+    member: String,
+    params: HashMap<String, String>,
+) -> Result<Response, ApiError> {
     check_name("board", &board)?;
     check_name("member", &member)?;
     let season = param_season(&params)?;
@@ -417,19 +564,37 @@ async fn around(engine: EngineHandle, board: String, member: String, params: Has
     })
     .await?;
     let Some(page) = found else {
-        return Err(ApiError::not_found(format!("{member:?} has no score on board {board:?}")));
+        return Err(ApiError::not_found(format!(
+            "{member:?} has no score on board {board:?}"
+        )));
     };
     let entries: Vec<Value> = page.iter().map(standing_json).collect();
-    Ok(json(StatusCode::OK, &json!({"board": board, "member": member, "entries": entries})))
+    Ok(json(
+        StatusCode::OK,
+        &json!({"board": board, "member": member, "entries": entries}),
+    ))
 }
 
 /// One member's standing on several boards at once; boards are read concurrently.
-async fn ranks(engine: EngineHandle, params: HashMap<String, String>) -> Result<Response, ApiError> {
-    let member = params.get("member").ok_or_else(|| ApiError::bad_request("member is required"))?.clone();
+async fn ranks(
+    engine: EngineHandle,
+    params: HashMap<String, String>,
+) -> Result<Response, ApiError> {
+    let member = params
+        .get("member")
+        .ok_or_else(|| ApiError::bad_request("member is required"))?
+        .clone();
     check_name("member", &member)?;
-    let boards: Vec<String> = params.get("boards").ok_or_else(|| ApiError::bad_request("boards is required: a comma-separated list"))?.split(',').map(str::to_string).collect();
+    let boards: Vec<String> = params
+        .get("boards")
+        .ok_or_else(|| ApiError::bad_request("boards is required: a comma-separated list"))?
+        .split(',')
+        .map(str::to_string)
+        .collect();
     if boards.len() > BOARDS_PER_QUERY_MAX {
-        return Err(ApiError::bad_request(format!("at most {BOARDS_PER_QUERY_MAX} boards per query")));
+        return Err(ApiError::bad_request(format!(
+            "at most {BOARDS_PER_QUERY_MAX} boards per query"
+        )));
     }
     for board in &boards {
         check_name("boards", board)?;
@@ -440,7 +605,10 @@ async fn ranks(engine: EngineHandle, params: HashMap<String, String>) -> Result<
         .map(|board| {
             let (engine, board, name) = (engine.clone(), board.clone(), member.clone());
             tokio::spawn(async move {
-                read_season(&engine, &board, None, move |config, season| season.member(config, &name).map(|s| (season.number, s))).await
+                read_season(&engine, &board, None, move |config, season| {
+                    season.member(config, &name).map(|s| (season.number, s))
+                })
+                .await
             })
         })
         .collect();
@@ -457,7 +625,10 @@ async fn ranks(engine: EngineHandle, params: HashMap<String, String>) -> Result<
             Err(error) => json!({"board": board, "error": {"code": error.code, "message": error.message}}),
         })
         .collect();
-    Ok(json(StatusCode::OK, &json!({"member": member, "boards": entries})))
+    Ok(json(
+        StatusCode::OK,
+        &json!({"member": member, "boards": entries}),
+    ))
 }
 
 fn expect_deleted(outcome: Outcome, missing: ApiError) -> Result<Response, ApiError> {
@@ -470,7 +641,10 @@ fn expect_deleted(outcome: Outcome, missing: ApiError) -> Result<Response, ApiEr
 
 /// The case study's member response.
 fn case_study_member(board: &str, member: &str, score: Option<i128>) -> Response {
-    json(StatusCode::OK, &json!({"leaderboardId": board, "memberId": member, "score": score.map(|s| s.to_string()).unwrap_or_default()}))
+    json(
+        StatusCode::OK,
+        &json!({"leaderboardId": board, "memberId": member, "score": score.map(|s| s.to_string()).unwrap_or_default()}),
+    )
 }
 
 #[derive(Deserialize)]
@@ -492,16 +666,30 @@ struct CaseStudyScore {
     score: Value,
 }
 
-async fn case_study_update(engine: EngineHandle, headers: HeaderMap, board: String, member: String, params: HashMap<String, String>, body: axum::body::Bytes, operator: Operator) -> Result<Response, ApiError> {
+async fn case_study_update(
+    engine: EngineHandle,
+    headers: HeaderMap,
+    board: String,
+    member: String,
+    params: HashMap<String, String>,
+    body: axum::body::Bytes,
+    operator: Operator,
+) -> Result<Response, ApiError> {
     let value = match params.get("score") {
         Some(text) => parse_score_text("score", text)?,
-        None if body.is_empty() => return Err(ApiError::bad_request("give the score as ?score= or as a body {\"score\": \"...\"}")),
+        None if body.is_empty() => {
+            return Err(ApiError::bad_request(
+                "give the score as ?score= or as a body {\"score\": \"...\"}",
+            ));
+        }
         None => {
-            let parsed: CaseStudyScore = serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
+            let parsed: CaseStudyScore = serde_json::from_slice(&body)
+                .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
             parse_score("score", &parsed.score)?
         }
     };
-    let (_, score, _) = update_one(&engine, &headers, &board, &member, Some(operator), value).await?;
+    let (_, score, _) =
+        update_one(&engine, &headers, &board, &member, Some(operator), value).await?;
     Ok(case_study_member(&board, &member, Some(score)))
 }
 

@@ -2,8 +2,8 @@
 //! so all of its updates are applied by one thread, in order, without locks).
 
 use crate::board::Board;
-use crate::command::{Command, ItemResult, Outcome};
 use crate::board::UpdateError;
+use crate::command::{Command, ItemResult, Outcome};
 use spate_engine::wire::{Put, Reader};
 use spate_engine::{Effects, StateMachine};
 use std::collections::BTreeMap;
@@ -32,7 +32,13 @@ impl LeaderboardState {
     }
 
     /// Applies one decoded command, writing its reply into `reply`.
-    pub fn execute(&mut self, command: &Command<'_>, timestamp_ms: u64, random: u64, reply: &mut Vec<u8>) {
+    pub fn execute(
+        &mut self,
+        command: &Command<'_>,
+        timestamp_ms: u64,
+        random: u64,
+        reply: &mut Vec<u8>,
+    ) {
         let outcome = match command {
             Command::Create { board, config } => match self.boards.get(*board) {
                 Some(existing) => Outcome::Exists {
@@ -57,10 +63,17 @@ impl LeaderboardState {
                 Outcome::begin_updated(reply, season.number, items.len());
                 for (index, item) in items.iter().enumerate() {
                     let operator = item.operator.unwrap_or(config.operator);
-                    let result = match season.update(&config, item.member, operator, item.value, item_tie(random, index)) {
+                    let result = match season.update(
+                        &config,
+                        item.member,
+                        operator,
+                        item.value,
+                        item_tie(random, index),
+                    ) {
                         Ok(score) => ItemResult::Scored {
                             score,
-                            rank: with_rank.then(|| season.rank(item.member).expect("just updated")),
+                            rank: with_rank
+                                .then(|| season.rank(item.member).expect("just updated")),
                         },
                         Err(UpdateError::Overflow) => ItemResult::Overflow,
                         Err(UpdateError::Full) => ItemResult::BoardFull,
@@ -96,12 +109,15 @@ impl LeaderboardState {
     pub fn restore(input: &mut dyn io::Read) -> io::Result<Self> {
         let mut bytes = Vec::new();
         input.read_to_end(&mut bytes)?;
-        let invalid = |e: spate_engine::wire::WireError| io::Error::new(io::ErrorKind::InvalidData, e.to_string());
+        let invalid = |e: spate_engine::wire::WireError| {
+            io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+        };
         let mut r = Reader::new(&bytes);
         let mut boards = BTreeMap::new();
         for _ in 0..r.u32().map_err(invalid)? {
-            let name = String::from_utf8(r.bytes().map_err(invalid)?.to_vec())
-                .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "board name is not UTF-8"))?;
+            let name = String::from_utf8(r.bytes().map_err(invalid)?.to_vec()).map_err(|_| {
+                io::Error::new(io::ErrorKind::InvalidData, "board name is not UTF-8")
+            })?;
             boards.insert(name, Board::read(&mut r).map_err(invalid)?);
         }
         r.finish().map_err(invalid)?;
@@ -113,7 +129,12 @@ impl StateMachine for LeaderboardState {
     fn apply(&mut self, command: &spate_engine::Command<'_>, effects: &mut Effects<'_>) {
         let envelope = command.envelope;
         match Command::decode(command.payload) {
-            Ok(decoded) => self.execute(&decoded, envelope.timestamp_ms, envelope.random, effects.reply()),
+            Ok(decoded) => self.execute(
+                &decoded,
+                envelope.timestamp_ms,
+                envelope.random,
+                effects.reply(),
+            ),
             Err(error) => Outcome::Invalid {
                 reason: error.to_string(),
             }

@@ -142,8 +142,8 @@ impl RankTree {
     /// Adds an entry that is not in the tree.
     pub fn insert(&mut self, entry: Entry) {
         if let Some(split) = self.insert_below(self.root, self.height, entry) {
-            let left_count = u32::try_from(self.len + 1).expect("at most u32::MAX entries")
-                - split.right_count;
+            let left_count =
+                u32::try_from(self.len + 1).expect("at most u32::MAX entries") - split.right_count;
             let root = self.new_inner(Inner {
                 separators: vec![split.separator],
                 children: vec![self.root, split.right],
@@ -159,7 +159,10 @@ impl RankTree {
         if height == 0 {
             let leaf = &mut self.leaves[node as usize];
             let at = leaf.entries.partition_point(|e| *e < entry);
-            debug_assert!(leaf.entries.get(at) != Some(&entry), "entry already present");
+            debug_assert!(
+                leaf.entries.get(at) != Some(&entry),
+                "entry already present"
+            );
             leaf.entries.insert(at, entry);
             if leaf.entries.len() <= LEAF_ENTRIES_MAX {
                 return None;
@@ -279,7 +282,11 @@ impl RankTree {
         }
         let entries = &mut self.leaves[node as usize].entries;
         let from = entries.partition_point(|e| e < old);
-        debug_assert_eq!(entries.get(from), Some(old), "replaced entry must be present");
+        debug_assert_eq!(
+            entries.get(from),
+            Some(old),
+            "replaced entry must be present"
+        );
         let to = entries.partition_point(|e| *e < new);
         if to > from {
             // `new` goes after entries that currently sit after `old`: shift them left by one.
@@ -324,7 +331,10 @@ impl RankTree {
         for _ in 0..self.height {
             let inner = &self.inners[node as usize];
             let at = inner.child_for(entry);
-            before += inner.counts[..at].iter().map(|&c| c as usize).sum::<usize>();
+            before += inner.counts[..at]
+                .iter()
+                .map(|&c| c as usize)
+                .sum::<usize>();
             node = inner.children[at];
         }
         let entries = &self.leaves[node as usize].entries;
@@ -431,7 +441,11 @@ impl RankTree {
             let entries = &self.leaves[node as usize].entries;
             assert!(entries.windows(2).all(|w| w[0] < w[1]), "leaf sorted");
             assert!(entries.len() <= LEAF_ENTRIES_MAX);
-            return (entries.len(), entries.first().copied(), entries.last().copied());
+            return (
+                entries.len(),
+                entries.first().copied(),
+                entries.last().copied(),
+            );
         }
         let inner = &self.inners[node as usize];
         assert!(!inner.children.is_empty() && inner.children.len() <= INNER_CHILDREN_MAX);
@@ -497,7 +511,14 @@ mod tests {
             assert_eq!(tree.count_through(e), position + 1);
             assert_eq!(tree.get(position), Some(*e));
             assert!(tree.contains(e));
-            assert_eq!(tree.range(position, 5), model[position..].iter().take(5).copied().collect::<Vec<_>>());
+            assert_eq!(
+                tree.range(position, 5),
+                model[position..]
+                    .iter()
+                    .take(5)
+                    .copied()
+                    .collect::<Vec<_>>()
+            );
         }
     }
 
@@ -546,7 +567,10 @@ mod tests {
         let mut tree = RankTree::default();
         let count = 200_000u32;
         for member in 0..count {
-            tree.insert(entry(u128::from(member.wrapping_mul(2_654_435_761) % 1_000_003), member));
+            tree.insert(entry(
+                u128::from(member.wrapping_mul(2_654_435_761) % 1_000_003),
+                member,
+            ));
         }
         tree.check();
         assert!(tree.height >= 2, "height {}", tree.height);

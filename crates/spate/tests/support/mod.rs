@@ -175,3 +175,49 @@ pub fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Sends any method with an optional JSON body; `Err` only when no HTTP answer came.
+pub fn send(
+    agent: &ureq::Agent,
+    method: &str,
+    url: &str,
+    key: Option<&str>,
+    body: Option<&Value>,
+) -> Result<(u16, Value), ureq::Error> {
+    let bytes = body.map(|b| serde_json::to_vec(b).expect("JSON encodes"));
+    let mut response = match method {
+        "GET" | "DELETE" => {
+            let mut request = if method == "GET" {
+                agent.get(url)
+            } else {
+                agent.delete(url)
+            };
+            if let Some(key) = key {
+                request = request.header("Idempotency-Key", key);
+            }
+            request.call()?
+        }
+        _ => {
+            let mut request = match method {
+                "POST" => agent.post(url),
+                "PUT" => agent.put(url),
+                "PATCH" => agent.patch(url),
+                other => panic!("no helper for {other}"),
+            };
+            request = request.header("content-type", "application/json");
+            if let Some(key) = key {
+                request = request.header("Idempotency-Key", key);
+            }
+            match bytes {
+                Some(bytes) => request.send(bytes)?,
+                None => request.send_empty()?,
+            }
+        }
+    };
+    let status = response.status().as_u16();
+    let value = response
+        .body_mut()
+        .read_json::<Value>()
+        .unwrap_or(Value::Null);
+    Ok((status, value))
+}
