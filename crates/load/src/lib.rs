@@ -9,8 +9,10 @@
 
 mod chart;
 mod report;
+mod resp;
 
 pub use chart::write_svg;
+pub use hyper::Method;
 pub use report::{LatencySummary, Report, SecondPoint};
 
 use bytes::Bytes;
@@ -22,6 +24,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use resp::{PipelineReply, RedisConnection};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
@@ -30,30 +33,50 @@ const LATENCY_US_MAX: u64 = 60_000_000;
 
 /// One HTTP request of a scenario.
 #[derive(Debug, Clone)]
-pub struct Request {
+pub struct HttpRequest {
     pub method: hyper::Method,
     pub path: String,
     pub body: Bytes,
     pub headers: Vec<(&'static str, String)>,
 }
 
+/// One request of a scenario: an HTTP exchange, or a pipeline of Redis commands (each a list of
+/// arguments) sent in one write, for running Redis as a peer with the same runner.
+#[derive(Debug, Clone)]
+pub enum Request {
+    Http(HttpRequest),
+    Redis(Vec<Vec<Vec<u8>>>),
+}
+
 impl Request {
     pub fn get(path: impl Into<String>) -> Self {
-        Self {
-            method: hyper::Method::GET,
-            path: path.into(),
-            body: Bytes::new(),
-            headers: Vec::new(),
-        }
+        Self::http(hyper::Method::GET, path, Bytes::new())
     }
 
     pub fn post_json(path: impl Into<String>, body: Vec<u8>) -> Self {
-        Self {
-            method: hyper::Method::POST,
+        Self::json(hyper::Method::POST, path, body)
+    }
+
+    /// A request with a JSON body and any method.
+    pub fn json(method: hyper::Method, path: impl Into<String>, body: Vec<u8>) -> Self {
+        Self::http(method, path, body.into()).with_header("content-type", "application/json")
+    }
+
+    fn http(method: hyper::Method, path: impl Into<String>, body: Bytes) -> Self {
+        Self::Http(HttpRequest {
+            method,
             path: path.into(),
-            body: body.into(),
-            headers: vec![("content-type", "application/json".into())],
+            body,
+            headers: Vec::new(),
+        })
+    }
+
+    /// Adds a header (HTTP requests only; Redis has none).
+    pub fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Self {
+        if let Self::Http(http) = &mut self {
+            http.headers.push((name, value.into()));
         }
+        self
     }
 }
 
@@ -94,6 +117,8 @@ enum Outcome {
     Timeout,
     Connect,
     Io,
+    /// A Redis command answered with an error reply.
+    RedisError,
 }
 
 impl Outcome {
@@ -104,6 +129,7 @@ impl Outcome {
             Self::Timeout => "timeout".into(),
             Self::Connect => "connect".into(),
             Self::Io => "io".into(),
+            Self::RedisError => "redis_error".into(),
         }
     }
 }
@@ -258,52 +284,77 @@ fn spawn_progress(shared: &Arc<Shared>) -> Option<indicatif::ProgressBar> {
 
 type Connection = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
 
-/// A keep-alive connection driven by the worker's own task (no hand-off to a connection task), so a
-/// reply is timed when the worker reads it.
-struct Sender {
+/// A keep-alive HTTP connection driven by the worker's own task (no hand-off to a connection task), so
+/// a reply is timed when the worker reads it.
+struct HttpConnection {
     requests: http1::SendRequest<Full<Bytes>>,
     connection: std::pin::Pin<Box<Connection>>,
 }
 
-impl Sender {
+/// A worker's connection, of the kind its scenario's requests need.
+enum Link {
+    Http(HttpConnection),
+    Redis(RedisConnection),
+}
+
+impl Link {
     fn is_closed(&self) -> bool {
-        self.requests.is_closed()
+        match self {
+            Self::Http(http) => http.requests.is_closed(),
+            Self::Redis(_) => false,
+        }
     }
-}
 
-async fn connect(target: &str) -> Result<Sender, Outcome> {
-    let stream = TcpStream::connect(target)
-        .await
-        .map_err(|_| Outcome::Connect)?;
-    stream.set_nodelay(true).ok();
-    let (requests, connection) = http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|_| Outcome::Connect)?;
-    Ok(Sender {
-        requests,
-        connection: Box::pin(connection),
-    })
-}
+    async fn connect(target: &str, request: &Request) -> Result<Self, Outcome> {
+        if let Request::Redis(_) = request {
+            return RedisConnection::connect(target)
+                .await
+                .map(Self::Redis)
+                .map_err(|_| Outcome::Connect);
+        }
+        let stream = TcpStream::connect(target)
+            .await
+            .map_err(|_| Outcome::Connect)?;
+        stream.set_nodelay(true).ok();
+        let (requests, connection) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|_| Outcome::Connect)?;
+        Ok(Self::Http(HttpConnection {
+            requests,
+            connection: Box::pin(connection),
+        }))
+    }
 
-/// Sends `request` and reads the whole reply, driving the connection meanwhile.
-async fn send(sender: &mut Sender, target: &str, request: &Request) -> Outcome {
-    let Sender {
-        requests,
-        connection,
-    } = sender;
-    let exchange = exchange(requests, target, request);
-    tokio::pin!(exchange);
-    tokio::select! {
-        outcome = &mut exchange => outcome,
-        // The connection future ends only when the connection does.
-        _ = connection.as_mut() => Outcome::Io,
+    /// Sends `request` and reads the whole reply.
+    async fn send(&mut self, target: &str, request: &Request) -> Outcome {
+        match (self, request) {
+            (Self::Http(http), Request::Http(request)) => {
+                let HttpConnection {
+                    requests,
+                    connection,
+                } = http;
+                let exchange = exchange(requests, target, request);
+                tokio::pin!(exchange);
+                tokio::select! {
+                    outcome = &mut exchange => outcome,
+                    // The connection future ends only when the connection does.
+                    _ = connection.as_mut() => Outcome::Io,
+                }
+            }
+            (Self::Redis(redis), Request::Redis(commands)) => match redis.pipeline(commands).await {
+                Ok(PipelineReply::Ok) => Outcome::Ok,
+                Ok(PipelineReply::Error) => Outcome::RedisError,
+                Err(_) => Outcome::Io,
+            },
+            _ => panic!("a scenario must not mix HTTP and Redis requests"),
+        }
     }
 }
 
 async fn exchange(
     sender: &mut http1::SendRequest<Full<Bytes>>,
     target: &str,
-    request: &Request,
+    request: &HttpRequest,
 ) -> Outcome {
     let mut builder = hyper::Request::builder()
         .method(request.method.clone())
@@ -382,7 +433,7 @@ async fn run_worker(
         errors: 0,
         latencies: new_histogram(2),
     };
-    let mut sender: Option<Sender> = None;
+    let mut link: Option<Link> = None;
     let mut seq = 0u64;
     loop {
         let scheduled = match schedule.as_mut() {
@@ -398,11 +449,11 @@ async fn run_worker(
         let request = shared.scenario.request(worker, seq);
         seq += 1;
         let outcome = match tokio::time::timeout(config.timeout, async {
-            if sender.as_ref().is_none_or(|s| s.is_closed()) {
-                sender = Some(connect(&config.target).await?);
+            if link.as_ref().is_none_or(Link::is_closed) {
+                link = Some(Link::connect(&config.target, &request).await?);
             }
-            let connection = sender.as_mut().expect("connected above");
-            Ok::<_, Outcome>(send(connection, &config.target, &request).await)
+            let connection = link.as_mut().expect("connected above");
+            Ok::<_, Outcome>(connection.send(&config.target, &request).await)
         })
         .await
         {
@@ -412,7 +463,7 @@ async fn run_worker(
         };
         if outcome != Outcome::Ok {
             // The connection's state is unknown after a failure: start a fresh one.
-            sender = None;
+            link = None;
             if outcome == Outcome::Connect {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }

@@ -315,6 +315,7 @@ fn tally(args: &BenchArgs) -> anyhow::Result<String> {
         seed: 1,
         batch: 1,
         cards: 1,
+        users: 1,
         max_error_share: 0.01,
         out: None,
     };

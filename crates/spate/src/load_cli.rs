@@ -22,6 +22,23 @@ pub const SCENARIOS: &[(&str, &str, &str)] = &[
         "POST /tally/accounts/{name}/entries over 10,000 accounts, with idempotency keys",
     ),
     (
+        "leaderboard",
+        "updates",
+        "PUT /leaderboards/load/members/{user}: increment a random one of --users users (100,000) and get \
+         its new rank; the case study's load test",
+    ),
+    (
+        "leaderboard",
+        "bulk",
+        "POST /leaderboards/scores with --batch increments of random users per request",
+    ),
+    (
+        "redis",
+        "zincrby",
+        "the same workload on Redis at --target redis://host:port: ZINCRBY then ZREVRANK, pipelined in \
+         one round trip",
+    ),
+    (
         "fraud",
         "http",
         "POST /fraud/transactions, batches of --batch generated transactions",
@@ -36,7 +53,7 @@ pub const SCENARIOS: &[(&str, &str, &str)] = &[
 
 #[derive(Args, Clone)]
 pub struct LoadArgs {
-    /// The app (`server`, `tally`, `fraud`)
+    /// The app (`server`, `tally`, `fraud`, `leaderboard`, or `redis` for the peer)
     pub app: String,
     /// The scenario (see `--list`)
     pub scenario: String,
@@ -70,6 +87,9 @@ pub struct LoadArgs {
     /// Transactions per request (fraud)
     #[arg(long, default_value_t = 100)]
     pub batch: usize,
+    /// Users the leaderboard scenarios draw from
+    #[arg(long, default_value_t = 100_000)]
+    pub users: u64,
     /// Cards the fraud generator draws from
     #[arg(long, default_value_t = 1_000_000)]
     pub cards: u32,
@@ -108,13 +128,8 @@ impl Scenario for TallyAdds {
         let n = (u64::from(worker) << 40 | seq) ^ self.seed;
         let account = mix64(n) % TALLY_ACCOUNTS;
         let body = serde_json::to_vec(&json!({"amount": 1, "tag": n})).expect("JSON");
-        let mut request =
-            Request::post_json(format!("/tally/accounts/acct-{account}/entries"), body);
-        request.headers.push((
-            "idempotency-key",
-            format!("load-{}-{worker}-{seq}", self.seed),
-        ));
-        request
+        Request::post_json(format!("/tally/accounts/acct-{account}/entries"), body)
+            .with_header("idempotency-key", format!("load-{}-{worker}-{seq}", self.seed))
     }
 }
 
@@ -123,6 +138,93 @@ fn mix64(mut n: u64) -> u64 {
     n = (n ^ (n >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     n = (n ^ (n >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     n ^ (n >> 31)
+}
+
+/// The board the leaderboard scenarios (and the Redis peer's sorted set) update.
+pub const LEADERBOARD_BOARD: &str = "load";
+
+/// The `seq`-th update of `worker`: a user and an increment, the same for spate and Redis.
+fn leaderboard_update(seed: u64, users: u64, worker: u32, seq: u64) -> (u64, u64) {
+    let n = mix64((u64::from(worker) << 40 | seq) ^ seed);
+    (n % users, 1 + (n >> 32) % 100)
+}
+
+struct LeaderboardUpdates {
+    seed: u64,
+    users: u64,
+}
+
+impl Scenario for LeaderboardUpdates {
+    fn name(&self) -> String {
+        "leaderboard updates".into()
+    }
+
+    fn request(&self, worker: u32, seq: u64) -> Request {
+        let (user, amount) = leaderboard_update(self.seed, self.users, worker, seq);
+        let body = serde_json::to_vec(&json!({"score": amount, "operator": "increment"})).expect("JSON");
+        Request::json(
+            spate_load::Method::PUT,
+            format!("/leaderboards/{LEADERBOARD_BOARD}/members/user-{user}"),
+            body,
+        )
+    }
+}
+
+struct LeaderboardBulk {
+    seed: u64,
+    users: u64,
+    batch: usize,
+}
+
+impl Scenario for LeaderboardBulk {
+    fn name(&self) -> String {
+        format!("leaderboard bulk of {}", self.batch)
+    }
+
+    fn request(&self, worker: u32, seq: u64) -> Request {
+        let scores: Vec<_> = (0..self.batch as u64)
+            .map(|i| {
+                let (user, amount) = leaderboard_update(self.seed, self.users, worker, seq * self.batch as u64 + i);
+                json!({"memberId": format!("user-{user}"), "score": amount, "mode": "increment"})
+            })
+            .collect();
+        let body = json!({"leaderboards": [{"leaderboardId": LEADERBOARD_BOARD, "scores": scores}]});
+        Request::post_json("/leaderboards/scores", serde_json::to_vec(&body).expect("JSON"))
+    }
+}
+
+struct RedisZincrby {
+    seed: u64,
+    users: u64,
+}
+
+impl Scenario for RedisZincrby {
+    fn name(&self) -> String {
+        "redis zincrby".into()
+    }
+
+    fn request(&self, worker: u32, seq: u64) -> Request {
+        let (user, amount) = leaderboard_update(self.seed, self.users, worker, seq);
+        let member = format!("user-{user}").into_bytes();
+        let key = LEADERBOARD_BOARD.as_bytes().to_vec();
+        Request::Redis(vec![
+            vec![b"ZINCRBY".to_vec(), key.clone(), amount.to_string().into_bytes(), member.clone()],
+            vec![b"ZREVRANK".to_vec(), key, member],
+        ])
+    }
+}
+
+/// Creates the leaderboard scenarios' board unless it exists.
+fn create_load_board(target: &str) -> anyhow::Result<()> {
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let mut response = agent
+        .post(format!("{}/leaderboards", target.trim_end_matches('/')))
+        .send_json(json!({"name": LEADERBOARD_BOARD, "operator": "increment"}))
+        .with_context(|| format!("creating board {LEADERBOARD_BOARD:?} at {target}"))?;
+    match response.status().as_u16() {
+        201 | 409 => Ok(()),
+        status => bail!("creating board {LEADERBOARD_BOARD:?} answered {status}: {}", response.body_mut().read_to_string()?),
+    }
 }
 
 struct FraudHttp {
@@ -172,7 +274,8 @@ impl Scenario for FraudHttp {
 fn host_port(target: &str) -> anyhow::Result<String> {
     let rest = target
         .strip_prefix("http://")
-        .context("--target must start with http:// (TLS is not supported)")?;
+        .or_else(|| target.strip_prefix("redis://"))
+        .context("--target must start with http:// or redis:// (TLS is not supported)")?;
     Ok(rest.trim_end_matches('/').to_string())
 }
 
@@ -180,6 +283,21 @@ fn scenario(args: &LoadArgs) -> anyhow::Result<Arc<dyn Scenario>> {
     Ok(match (args.app.as_str(), args.scenario.as_str()) {
         ("server", "health") => Arc::new(Health),
         ("tally", "adds") => Arc::new(TallyAdds { seed: args.seed }),
+        ("leaderboard", scenario @ ("updates" | "bulk")) => {
+            if args.users == 0 {
+                bail!("--users must be at least 1");
+            }
+            create_load_board(&args.target)?;
+            if scenario == "updates" {
+                Arc::new(LeaderboardUpdates { seed: args.seed, users: args.users })
+            } else {
+                if args.batch == 0 || args.batch > spate_leaderboard::UPDATES_PER_REQUEST_MAX {
+                    bail!("--batch must be 1..={}", spate_leaderboard::UPDATES_PER_REQUEST_MAX);
+                }
+                Arc::new(LeaderboardBulk { seed: args.seed, users: args.users, batch: args.batch })
+            }
+        }
+        ("redis", "zincrby") => Arc::new(RedisZincrby { seed: args.seed, users: args.users.max(1) }),
         ("fraud", "http") => {
             if args.batch == 0 || args.batch > spate_fraud::TXNS_PER_REQUEST_MAX {
                 bail!("--batch must be 1..={}", spate_fraud::TXNS_PER_REQUEST_MAX);
