@@ -20,11 +20,11 @@ use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
+use resp::{PipelineReply, RedisConnection};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use resp::{PipelineReply, RedisConnection};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
@@ -341,11 +341,13 @@ impl Link {
                     _ = connection.as_mut() => Outcome::Io,
                 }
             }
-            (Self::Redis(redis), Request::Redis(commands)) => match redis.pipeline(commands).await {
-                Ok(PipelineReply::Ok) => Outcome::Ok,
-                Ok(PipelineReply::Error) => Outcome::RedisError,
-                Err(_) => Outcome::Io,
-            },
+            (Self::Redis(redis), Request::Redis(commands)) => {
+                match redis.pipeline(commands).await {
+                    Ok(PipelineReply::Ok) => Outcome::Ok,
+                    Ok(PipelineReply::Error) => Outcome::RedisError,
+                    Err(_) => Outcome::Io,
+                }
+            }
             _ => panic!("a scenario must not mix HTTP and Redis requests"),
         }
     }

@@ -31,12 +31,17 @@ impl RedisConnection {
         })
     }
 
-    pub(crate) async fn pipeline(&mut self, commands: &[Vec<Vec<u8>>]) -> std::io::Result<PipelineReply> {
+    pub(crate) async fn pipeline(
+        &mut self,
+        commands: &[Vec<Vec<u8>>],
+    ) -> std::io::Result<PipelineReply> {
         self.buffer.clear();
         for command in commands {
-            self.buffer.extend_from_slice(format!("*{}\r\n", command.len()).as_bytes());
+            self.buffer
+                .extend_from_slice(format!("*{}\r\n", command.len()).as_bytes());
             for argument in command {
-                self.buffer.extend_from_slice(format!("${}\r\n", argument.len()).as_bytes());
+                self.buffer
+                    .extend_from_slice(format!("${}\r\n", argument.len()).as_bytes());
                 self.buffer.extend_from_slice(argument);
                 self.buffer.extend_from_slice(b"\r\n");
             }
@@ -46,7 +51,11 @@ impl RedisConnection {
         for _ in commands {
             failed |= !self.read_reply().await?;
         }
-        Ok(if failed { PipelineReply::Error } else { PipelineReply::Ok })
+        Ok(if failed {
+            PipelineReply::Error
+        } else {
+            PipelineReply::Ok
+        })
     }
 
     /// Reads one reply; false when it was an error reply.
@@ -80,7 +89,10 @@ impl RedisConnection {
                         self.stream.read_exact(&mut skip).await?;
                     }
                 }
-                b'*' => pending += usize::try_from(number()?.max(0)).map_err(|_| broken("array length"))?,
+                b'*' => {
+                    pending +=
+                        usize::try_from(number()?.max(0)).map_err(|_| broken("array length"))?
+                }
                 _ => return Err(broken("unknown reply type")),
             }
         }
@@ -89,5 +101,8 @@ impl RedisConnection {
 }
 
 fn broken(what: &str) -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("redis protocol: {what}"))
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!("redis protocol: {what}"),
+    )
 }

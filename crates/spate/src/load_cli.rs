@@ -128,8 +128,10 @@ impl Scenario for TallyAdds {
         let n = (u64::from(worker) << 40 | seq) ^ self.seed;
         let account = mix64(n) % TALLY_ACCOUNTS;
         let body = serde_json::to_vec(&json!({"amount": 1, "tag": n})).expect("JSON");
-        Request::post_json(format!("/tally/accounts/acct-{account}/entries"), body)
-            .with_header("idempotency-key", format!("load-{}-{worker}-{seq}", self.seed))
+        Request::post_json(format!("/tally/accounts/acct-{account}/entries"), body).with_header(
+            "idempotency-key",
+            format!("load-{}-{worker}-{seq}", self.seed),
+        )
     }
 }
 
@@ -161,7 +163,8 @@ impl Scenario for LeaderboardUpdates {
 
     fn request(&self, worker: u32, seq: u64) -> Request {
         let (user, amount) = leaderboard_update(self.seed, self.users, worker, seq);
-        let body = serde_json::to_vec(&json!({"score": amount, "operator": "increment"})).expect("JSON");
+        let body =
+            serde_json::to_vec(&json!({"score": amount, "operator": "increment"})).expect("JSON");
         Request::json(
             spate_load::Method::PUT,
             format!("/leaderboards/{LEADERBOARD_BOARD}/members/user-{user}"),
@@ -184,12 +187,17 @@ impl Scenario for LeaderboardBulk {
     fn request(&self, worker: u32, seq: u64) -> Request {
         let scores: Vec<_> = (0..self.batch as u64)
             .map(|i| {
-                let (user, amount) = leaderboard_update(self.seed, self.users, worker, seq * self.batch as u64 + i);
+                let (user, amount) =
+                    leaderboard_update(self.seed, self.users, worker, seq * self.batch as u64 + i);
                 json!({"memberId": format!("user-{user}"), "score": amount, "mode": "increment"})
             })
             .collect();
-        let body = json!({"leaderboards": [{"leaderboardId": LEADERBOARD_BOARD, "scores": scores}]});
-        Request::post_json("/leaderboards/scores", serde_json::to_vec(&body).expect("JSON"))
+        let body =
+            json!({"leaderboards": [{"leaderboardId": LEADERBOARD_BOARD, "scores": scores}]});
+        Request::post_json(
+            "/leaderboards/scores",
+            serde_json::to_vec(&body).expect("JSON"),
+        )
     }
 }
 
@@ -208,7 +216,12 @@ impl Scenario for RedisZincrby {
         let member = format!("user-{user}").into_bytes();
         let key = LEADERBOARD_BOARD.as_bytes().to_vec();
         Request::Redis(vec![
-            vec![b"ZINCRBY".to_vec(), key.clone(), amount.to_string().into_bytes(), member.clone()],
+            vec![
+                b"ZINCRBY".to_vec(),
+                key.clone(),
+                amount.to_string().into_bytes(),
+                member.clone(),
+            ],
             vec![b"ZREVRANK".to_vec(), key, member],
         ])
     }
@@ -216,14 +229,20 @@ impl Scenario for RedisZincrby {
 
 /// Creates the leaderboard scenarios' board unless it exists.
 fn create_load_board(target: &str) -> anyhow::Result<()> {
-    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
     let mut response = agent
         .post(format!("{}/leaderboards", target.trim_end_matches('/')))
         .send_json(json!({"name": LEADERBOARD_BOARD, "operator": "increment"}))
         .with_context(|| format!("creating board {LEADERBOARD_BOARD:?} at {target}"))?;
     match response.status().as_u16() {
         201 | 409 => Ok(()),
-        status => bail!("creating board {LEADERBOARD_BOARD:?} answered {status}: {}", response.body_mut().read_to_string()?),
+        status => bail!(
+            "creating board {LEADERBOARD_BOARD:?} answered {status}: {}",
+            response.body_mut().read_to_string()?
+        ),
     }
 }
 
@@ -289,15 +308,28 @@ fn scenario(args: &LoadArgs) -> anyhow::Result<Arc<dyn Scenario>> {
             }
             create_load_board(&args.target)?;
             if scenario == "updates" {
-                Arc::new(LeaderboardUpdates { seed: args.seed, users: args.users })
+                Arc::new(LeaderboardUpdates {
+                    seed: args.seed,
+                    users: args.users,
+                })
             } else {
                 if args.batch == 0 || args.batch > spate_leaderboard::UPDATES_PER_REQUEST_MAX {
-                    bail!("--batch must be 1..={}", spate_leaderboard::UPDATES_PER_REQUEST_MAX);
+                    bail!(
+                        "--batch must be 1..={}",
+                        spate_leaderboard::UPDATES_PER_REQUEST_MAX
+                    );
                 }
-                Arc::new(LeaderboardBulk { seed: args.seed, users: args.users, batch: args.batch })
+                Arc::new(LeaderboardBulk {
+                    seed: args.seed,
+                    users: args.users,
+                    batch: args.batch,
+                })
             }
         }
-        ("redis", "zincrby") => Arc::new(RedisZincrby { seed: args.seed, users: args.users.max(1) }),
+        ("redis", "zincrby") => Arc::new(RedisZincrby {
+            seed: args.seed,
+            users: args.users.max(1),
+        }),
         ("fraud", "http") => {
             if args.batch == 0 || args.batch > spate_fraud::TXNS_PER_REQUEST_MAX {
                 bail!("--batch must be 1..={}", spate_fraud::TXNS_PER_REQUEST_MAX);

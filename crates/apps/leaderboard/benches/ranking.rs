@@ -62,30 +62,26 @@ fn filled_state(ties: TiePolicy) -> LeaderboardState {
     state
 }
 
-/// Encoded update commands for random members; `value` draws each update's score argument.
-fn commands(operator: Operator, value: impl Fn(&mut SmallRng) -> i128) -> Vec<Vec<u8>> {
-    let mut rng = SmallRng::seed_from_u64(11);
-    (0..200)
-        .map(|_| {
-            let names: Vec<String> = (0..UPDATES_PER_COMMAND)
-                .map(|_| member(rng.random_range(0..MEMBERS)))
-                .collect();
-            let items = names
-                .iter()
-                .map(|m| UpdateItem {
-                    member: m,
-                    operator: Some(operator),
-                    value: value(&mut rng),
-                })
-                .collect();
-            Command::Update {
-                board: BOARD,
-                with_rank: false,
-                items,
-            }
-            .encode()
+/// One encoded command of `UPDATES_PER_COMMAND` updates of random members; `value` draws each update's
+/// score argument. Every iteration gets a fresh command: repeating a few would turn `set` into no-ops.
+fn command(rng: &mut SmallRng, operator: Operator, value: DrawValue) -> Vec<u8> {
+    let names: Vec<String> = (0..UPDATES_PER_COMMAND)
+        .map(|_| member(rng.random_range(0..MEMBERS)))
+        .collect();
+    let items = names
+        .iter()
+        .map(|m| UpdateItem {
+            member: m,
+            operator: Some(operator),
+            value: value(rng),
         })
-        .collect()
+        .collect();
+    Command::Update {
+        board: BOARD,
+        with_rank: false,
+        items,
+    }
+    .encode()
 }
 
 /// Draws one update's score argument.
@@ -113,18 +109,21 @@ fn apply(c: &mut Criterion) {
     ];
     for (name, ties, operator, value) in cases {
         let mut state = filled_state(ties);
-        let encoded = commands(operator, value);
-        let mut next = 0usize;
+        let mut rng = SmallRng::seed_from_u64(11);
+        let mut timestamp_ms = 1;
         let mut reply = Vec::with_capacity(UPDATES_PER_COMMAND * 20);
         group.bench_function(name, |b| {
-            b.iter(|| {
-                let payload = &encoded[next % encoded.len()];
-                next += 1;
-                let command = Command::decode(payload).expect("valid command");
-                reply.clear();
-                state.execute(&command, 1, next as u64, &mut reply);
-                black_box(&reply);
-            })
+            b.iter_batched(
+                || command(&mut rng, operator, value),
+                |payload| {
+                    let command = Command::decode(&payload).expect("valid command");
+                    reply.clear();
+                    timestamp_ms += 1;
+                    state.execute(&command, timestamp_ms, timestamp_ms, &mut reply);
+                    black_box(&reply);
+                },
+                BatchSize::SmallInput,
+            )
         });
     }
     group.finish();

@@ -7,50 +7,135 @@
 //! nodes that merely shrink are not merged (deletes are rare next to updates, and a restore rebuilds the
 //! tree packed).
 
-/// Entries per leaf before it splits. 64 entries of 32 bytes: a leaf is 2 KiB, a few cache pages.
+/// Entries a leaf holds. 64 entries of 32 bytes: a leaf is 2 KiB, which a descent prefetches at once.
 const LEAF_ENTRIES_MAX: usize = 64;
-/// Children per inner node before it splits.
+/// Children an inner node holds.
 const INNER_CHILDREN_MAX: usize = 64;
 /// How full a bulk-built node is, so that the first inserts after a restore do not all split.
 const BULK_FILL: usize = 48;
+/// Levels a tree may have: 64^8 entries is far beyond any board.
+const HEIGHT_MAX: usize = 8;
 
 /// A position in a ranking. Entries are unique and ordered by `(key, tie, member)`; the first entry is
 /// rank 1. `key` is the score mapped so that better sorts first; `tie` orders equal scores; `member`
 /// makes entries unique even if two ties collide.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Entry {
     pub key: u128,
     pub tie: u64,
     pub member: u32,
 }
 
-#[derive(Debug, Default)]
+/// Nodes are fixed-size arrays inside the arena's one allocation: a node is one contiguous block that a
+/// descent can prefetch whole, and splitting never calls the allocator. `repr(C)` keeps `len` on a node's
+/// first cache line, next to the first entries, instead of wherever the compiler would put it.
+#[derive(Clone)]
+#[repr(C)]
 struct Leaf {
-    entries: Vec<Entry>,
+    len: usize,
+    entries: [Entry; LEAF_ENTRIES_MAX],
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone)]
+#[repr(C)]
 struct Inner {
-    /// `separators[i]` is the smallest entry that may live in `children[i + 1]`.
-    separators: Vec<Entry>,
-    children: Vec<u32>,
+    len: usize,
+    children: [u32; INNER_CHILDREN_MAX],
     /// Entries below each child.
-    counts: Vec<u32>,
+    counts: [u32; INNER_CHILDREN_MAX],
+    /// `separators[i]` is the smallest entry that may live in `children[i + 1]`.
+    separators: [Entry; INNER_CHILDREN_MAX - 1],
 }
 
-impl Inner {
-    fn child_for(&self, entry: &Entry) -> usize {
-        self.separators.partition_point(|s| s <= entry)
-    }
-
-    fn remove_child(&mut self, index: usize) {
-        self.children.remove(index);
-        self.counts.remove(index);
-        if !self.separators.is_empty() {
-            self.separators.remove(index.saturating_sub(1));
+impl Default for Leaf {
+    fn default() -> Self {
+        Self {
+            len: 0,
+            entries: [Entry::default(); LEAF_ENTRIES_MAX],
         }
     }
 }
+
+impl Default for Inner {
+    fn default() -> Self {
+        Self {
+            len: 0,
+            children: [0; INNER_CHILDREN_MAX],
+            counts: [0; INNER_CHILDREN_MAX],
+            separators: [Entry::default(); INNER_CHILDREN_MAX - 1],
+        }
+    }
+}
+
+impl Leaf {
+    fn entries(&self) -> &[Entry] {
+        &self.entries[..self.len]
+    }
+
+    fn insert(&mut self, at: usize, entry: Entry) {
+        debug_assert!(self.len < LEAF_ENTRIES_MAX && at <= self.len);
+        self.entries.copy_within(at..self.len, at + 1);
+        self.entries[at] = entry;
+        self.len += 1;
+    }
+
+    fn remove(&mut self, at: usize) {
+        debug_assert!(at < self.len);
+        self.entries.copy_within(at + 1..self.len, at);
+        self.len -= 1;
+    }
+}
+
+impl Inner {
+    fn separators(&self) -> &[Entry] {
+        &self.separators[..self.len.saturating_sub(1)]
+    }
+
+    fn child_for(&self, entry: &Entry) -> usize {
+        self.separators().partition_point(|s| s <= entry)
+    }
+
+    /// Links `child` (holding `count` entries, all at or after `separator`) right after child `at`.
+    fn insert_child(&mut self, at: usize, separator: Entry, child: u32, count: u32) {
+        debug_assert!(self.len < INNER_CHILDREN_MAX && at < self.len);
+        self.separators.copy_within(at..self.len - 1, at + 1);
+        self.separators[at] = separator;
+        self.children.copy_within(at + 1..self.len, at + 2);
+        self.children[at + 1] = child;
+        self.counts.copy_within(at + 1..self.len, at + 2);
+        self.counts[at + 1] = count;
+        self.len += 1;
+    }
+
+    fn remove_child(&mut self, at: usize) {
+        debug_assert!(at < self.len);
+        if self.len > 1 {
+            let separator = at.saturating_sub(1);
+            self.separators
+                .copy_within(separator + 1..self.len - 1, separator);
+        }
+        self.children.copy_within(at + 1..self.len, at);
+        self.counts.copy_within(at + 1..self.len, at);
+        self.len -= 1;
+    }
+
+    fn count_before(&self, at: usize) -> usize {
+        self.counts[..at].iter().map(|&c| c as usize).sum()
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn prefetch<T>(items: &[T]) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    let start = items.as_ptr().cast::<u8>();
+    for offset in (0..std::mem::size_of_val(items)).step_by(64) {
+        // SAFETY: a prefetch is a hint; it never faults and never dereferences in a way Rust can observe.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(offset).cast()) };
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn prefetch<T>(_items: &[T]) {}
 
 /// What a node hands its parent after an insert made it split: the right half and its first entry.
 struct Split {
@@ -59,7 +144,13 @@ struct Split {
     right_count: u32,
 }
 
-#[derive(Debug)]
+/// The inner nodes a descent passed and the child taken at each, root first.
+#[derive(Default)]
+struct Path {
+    steps: [(u32, usize); HEIGHT_MAX],
+    len: usize,
+}
+
 pub struct RankTree {
     leaves: Vec<Leaf>,
     inners: Vec<Inner>,
@@ -67,8 +158,17 @@ pub struct RankTree {
     free_inners: Vec<u32>,
     root: u32,
     /// 0 when the root is a leaf; the children of a node at height 1 are leaves.
-    height: u32,
+    height: usize,
     len: usize,
+}
+
+impl std::fmt::Debug for RankTree {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankTree")
+            .field("len", &self.len)
+            .field("height", &self.height)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for RankTree {
@@ -109,9 +209,10 @@ impl RankTree {
         let mut level: Vec<(u32, Entry, u32)> = entries
             .chunks(BULK_FILL)
             .map(|chunk| {
-                tree.leaves.push(Leaf {
-                    entries: chunk.to_vec(),
-                });
+                let mut leaf = Leaf::default();
+                leaf.entries[..chunk.len()].copy_from_slice(chunk);
+                leaf.len = chunk.len();
+                tree.leaves.push(leaf);
                 (
                     arena_index(tree.leaves.len() - 1),
                     chunk[0],
@@ -124,16 +225,24 @@ impl RankTree {
             level = level
                 .chunks(BULK_FILL)
                 .map(|chunk| {
-                    tree.inners.push(Inner {
-                        separators: chunk[1..].iter().map(|c| c.1).collect(),
-                        children: chunk.iter().map(|c| c.0).collect(),
-                        counts: chunk.iter().map(|c| c.2).collect(),
-                    });
+                    let mut inner = Inner {
+                        len: chunk.len(),
+                        ..Inner::default()
+                    };
+                    for (i, &(child, first, count)) in chunk.iter().enumerate() {
+                        inner.children[i] = child;
+                        inner.counts[i] = count;
+                        if i > 0 {
+                            inner.separators[i - 1] = first;
+                        }
+                    }
+                    tree.inners.push(inner);
                     let count = chunk.iter().map(|c| c.2).sum();
                     (arena_index(tree.inners.len() - 1), chunk[0].1, count)
                 })
                 .collect();
         }
+        assert!(tree.height < HEIGHT_MAX);
         tree.root = level[0].0;
         tree.len = entries.len();
         tree
@@ -144,35 +253,48 @@ impl RankTree {
         if let Some(split) = self.insert_below(self.root, self.height, entry) {
             let left_count =
                 u32::try_from(self.len + 1).expect("at most u32::MAX entries") - split.right_count;
-            let root = self.new_inner(Inner {
-                separators: vec![split.separator],
-                children: vec![self.root, split.right],
-                counts: vec![left_count, split.right_count],
-            });
-            self.root = root;
+            let mut root = Inner {
+                len: 2,
+                ..Inner::default()
+            };
+            root.separators[0] = split.separator;
+            root.children[..2].copy_from_slice(&[self.root, split.right]);
+            root.counts[..2].copy_from_slice(&[left_count, split.right_count]);
+            self.root = self.new_inner(root);
             self.height += 1;
+            assert!(self.height < HEIGHT_MAX, "tree too tall");
         }
         self.len += 1;
     }
 
-    fn insert_below(&mut self, node: u32, height: u32, entry: Entry) -> Option<Split> {
+    fn insert_below(&mut self, node: u32, height: usize, entry: Entry) -> Option<Split> {
         if height == 0 {
+            prefetch(std::slice::from_ref(&self.leaves[node as usize]));
             let leaf = &mut self.leaves[node as usize];
-            let at = leaf.entries.partition_point(|e| *e < entry);
+            let at = leaf.entries().partition_point(|e| *e < entry);
             debug_assert!(
-                leaf.entries.get(at) != Some(&entry),
+                leaf.entries().get(at) != Some(&entry),
                 "entry already present"
             );
-            leaf.entries.insert(at, entry);
-            if leaf.entries.len() <= LEAF_ENTRIES_MAX {
+            if leaf.len < LEAF_ENTRIES_MAX {
+                leaf.insert(at, entry);
                 return None;
             }
-            let right_entries = leaf.entries.split_off(leaf.entries.len() / 2);
-            let separator = right_entries[0];
-            let right_count = right_entries.len() as u32;
-            let right = self.new_leaf(Leaf {
-                entries: right_entries,
-            });
+            let half = LEAF_ENTRIES_MAX / 2;
+            let mut right = Leaf {
+                len: LEAF_ENTRIES_MAX - half,
+                ..Leaf::default()
+            };
+            right.entries[..right.len].copy_from_slice(&leaf.entries[half..]);
+            leaf.len = half;
+            if at <= half {
+                leaf.insert(at, entry);
+            } else {
+                right.insert(at - half, entry);
+            }
+            let separator = right.entries[0];
+            let right_count = right.len as u32;
+            let right = self.new_leaf(right);
             return Some(Split {
                 separator,
                 right,
@@ -180,29 +302,35 @@ impl RankTree {
             });
         }
         let inner = &mut self.inners[node as usize];
+        prefetch(inner.separators());
         let at = inner.child_for(&entry);
         inner.counts[at] += 1;
         let child = inner.children[at];
         let split = self.insert_below(child, height - 1, entry)?;
         let inner = &mut self.inners[node as usize];
         inner.counts[at] -= split.right_count;
-        inner.separators.insert(at, split.separator);
-        inner.children.insert(at + 1, split.right);
-        inner.counts.insert(at + 1, split.right_count);
-        if inner.children.len() <= INNER_CHILDREN_MAX {
+        if inner.len < INNER_CHILDREN_MAX {
+            inner.insert_child(at, split.separator, split.right, split.right_count);
             return None;
         }
-        let middle = inner.children.len() / 2;
-        let children = inner.children.split_off(middle);
-        let counts = inner.counts.split_off(middle);
-        let mut separators = inner.separators.split_off(middle - 1);
-        let separator = separators.remove(0);
-        let right_count = counts.iter().sum();
-        let right = self.new_inner(Inner {
-            separators,
-            children,
-            counts,
-        });
+        // Full: move the upper half of the children to a new node, then link the new child in its half.
+        let half = INNER_CHILDREN_MAX / 2;
+        let mut right = Inner {
+            len: INNER_CHILDREN_MAX - half,
+            ..Inner::default()
+        };
+        right.children[..right.len].copy_from_slice(&inner.children[half..]);
+        right.counts[..right.len].copy_from_slice(&inner.counts[half..]);
+        right.separators[..right.len - 1].copy_from_slice(&inner.separators[half..]);
+        let separator = inner.separators[half - 1];
+        inner.len = half;
+        if at < half {
+            inner.insert_child(at, split.separator, split.right, split.right_count);
+        } else {
+            right.insert_child(at - half, split.separator, split.right, split.right_count);
+        }
+        let right_count = right.counts[..right.len].iter().sum();
+        let right = self.new_inner(right);
         Some(Split {
             separator,
             right,
@@ -210,109 +338,115 @@ impl RankTree {
         })
     }
 
+    /// Descends towards `entry`, recording the way; returns the leaf.
+    fn descend(&self, entry: &Entry, path: &mut Path) -> u32 {
+        let mut node = self.root;
+        path.len = 0;
+        for _ in 0..self.height {
+            let inner = &self.inners[node as usize];
+            prefetch(inner.separators());
+            let at = inner.child_for(entry);
+            path.steps[path.len] = (node, at);
+            path.len += 1;
+            node = inner.children[at];
+        }
+        // The whole leaf at once, without reading its length first (that read would itself wait).
+        prefetch(std::slice::from_ref(&self.leaves[node as usize]));
+        node
+    }
+
     /// Removes an entry; returns whether it was there.
     pub fn remove(&mut self, entry: &Entry) -> bool {
-        if !self.contains(entry) {
-            return false;
+        let mut path = Path::default();
+        let leaf = self.descend(entry, &mut path);
+        match self.leaves[leaf as usize].entries().binary_search(entry) {
+            Ok(at) => {
+                self.remove_found(&path, leaf, at);
+                true
+            }
+            Err(_) => false,
         }
-        let emptied = self.remove_below(self.root, self.height, entry);
+    }
+
+    /// Removes the entry at `at` of `leaf`, which `path` leads to.
+    fn remove_found(&mut self, path: &Path, leaf: u32, at: usize) {
+        self.leaves[leaf as usize].remove(at);
         self.len -= 1;
-        if emptied {
-            // Only the root can be left empty: the tree is empty again.
-            debug_assert_eq!(self.len, 0);
-            *self = Self::default();
-            return true;
+        for &(node, child) in &path.steps[..path.len] {
+            self.inners[node as usize].counts[child] -= 1;
         }
-        while self.height > 0 && self.inners[self.root as usize].children.len() == 1 {
+        if self.leaves[leaf as usize].len > 0 || path.len == 0 {
+            return;
+        }
+        // Unlink the empty leaf, and any inner node that its removal empties.
+        self.free_leaf(leaf);
+        for &(node, child) in path.steps[..path.len].iter().rev() {
+            let inner = &mut self.inners[node as usize];
+            inner.remove_child(child);
+            if inner.len > 0 {
+                break;
+            }
+            self.free_inner(node);
+            if node == self.root {
+                // The root emptied: the tree is empty again.
+                debug_assert_eq!(self.len, 0);
+                *self = Self::default();
+                return;
+            }
+        }
+        while self.height > 0 && self.inners[self.root as usize].len == 1 {
             let only = self.inners[self.root as usize].children[0];
             self.free_inner(self.root);
             self.root = only;
             self.height -= 1;
         }
-        true
-    }
-
-    /// Removes a present entry below `node`; returns whether `node` is now empty.
-    fn remove_below(&mut self, node: u32, height: u32, entry: &Entry) -> bool {
-        if height == 0 {
-            let leaf = &mut self.leaves[node as usize];
-            let at = leaf.entries.partition_point(|e| e < entry);
-            debug_assert_eq!(leaf.entries.get(at), Some(entry));
-            leaf.entries.remove(at);
-            return leaf.entries.is_empty();
-        }
-        let inner = &mut self.inners[node as usize];
-        let at = inner.child_for(entry);
-        inner.counts[at] -= 1;
-        let child = inner.children[at];
-        if self.remove_below(child, height - 1, entry) {
-            if height == 1 {
-                self.free_leaf(child);
-            } else {
-                self.free_inner(child);
-            }
-            let inner = &mut self.inners[node as usize];
-            inner.remove_child(at);
-            return inner.children.is_empty();
-        }
-        false
     }
 
     /// Replaces `old` (present) by `new` (absent). When `new` belongs in the same leaf, which is common for
-    /// small score changes, the leaf's entries are rotated in place and no count changes.
+    /// small score changes, the leaf's entries are shifted in place and no count changes; otherwise the
+    /// descent that found `old` also removes it.
     pub fn replace(&mut self, old: &Entry, new: Entry) {
-        let (mut node, mut low, mut high) = (self.root, None, None);
-        for _ in 0..self.height {
-            let inner = &self.inners[node as usize];
-            let at = inner.child_for(old);
+        let mut path = Path::default();
+        let leaf = self.descend(old, &mut path);
+        let (mut low, mut high) = (None, None);
+        for &(node, at) in &path.steps[..path.len] {
+            let separators = self.inners[node as usize].separators();
             if at > 0 {
-                low = Some(inner.separators[at - 1]);
+                low = Some(separators[at - 1]);
             }
-            if at < inner.separators.len() {
-                high = Some(inner.separators[at]);
+            if at < separators.len() {
+                high = Some(separators[at]);
             }
-            node = inner.children[at];
         }
+        let entries = &mut self.leaves[leaf as usize];
+        let from = entries
+            .entries()
+            .binary_search(old)
+            .expect("a replaced entry is present");
         let fits = low.is_none_or(|l| l <= new) && high.is_none_or(|h| new < h);
         if !fits {
-            let removed = self.remove(old);
-            debug_assert!(removed, "replaced entry must be present");
+            self.remove_found(&path, leaf, from);
             self.insert(new);
             return;
         }
-        let entries = &mut self.leaves[node as usize].entries;
-        let from = entries.partition_point(|e| e < old);
-        debug_assert_eq!(
-            entries.get(from),
-            Some(old),
-            "replaced entry must be present"
-        );
-        let to = entries.partition_point(|e| *e < new);
+        let to = entries.entries().partition_point(|e| *e < new);
+        let slice = &mut entries.entries[..entries.len];
         if to > from {
-            // `new` goes after entries that currently sit after `old`: shift them left by one.
-            entries[from..to].rotate_left(1);
-            entries[to - 1] = new;
+            // `new` goes after entries that now sit after `old`: shift those left by one.
+            slice.copy_within(from + 1..to, from);
+            slice[to - 1] = new;
         } else {
-            entries[to..=from].rotate_right(1);
-            entries[to] = new;
+            slice.copy_within(to..from, to + 1);
+            slice[to] = new;
         }
     }
 
     pub fn contains(&self, entry: &Entry) -> bool {
-        let leaf = self.leaf_for(entry);
+        let leaf = self.descend(entry, &mut Path::default());
         self.leaves[leaf as usize]
-            .entries
+            .entries()
             .binary_search(entry)
             .is_ok()
-    }
-
-    fn leaf_for(&self, entry: &Entry) -> u32 {
-        let mut node = self.root;
-        for _ in 0..self.height {
-            let inner = &self.inners[node as usize];
-            node = inner.children[inner.child_for(entry)];
-        }
-        node
     }
 
     /// How many entries sort before `entry` (its 0-based position when present).
@@ -326,18 +460,13 @@ impl RankTree {
     }
 
     fn count_until(&self, entry: &Entry, inclusive: bool) -> usize {
-        let mut node = self.root;
-        let mut before = 0usize;
-        for _ in 0..self.height {
-            let inner = &self.inners[node as usize];
-            let at = inner.child_for(entry);
-            before += inner.counts[..at]
-                .iter()
-                .map(|&c| c as usize)
-                .sum::<usize>();
-            node = inner.children[at];
-        }
-        let entries = &self.leaves[node as usize].entries;
+        let mut path = Path::default();
+        let leaf = self.descend(entry, &mut path);
+        let before: usize = path.steps[..path.len]
+            .iter()
+            .map(|&(node, at)| self.inners[node as usize].count_before(at))
+            .sum();
+        let entries = self.leaves[leaf as usize].entries();
         before
             + if inclusive {
                 entries.partition_point(|e| e <= entry)
@@ -377,7 +506,7 @@ impl RankTree {
         let mut out = Vec::with_capacity(end.saturating_sub(start));
         while start + out.len() < end {
             let (leaf, index) = self.locate(start + out.len());
-            let entries = &self.leaves[leaf as usize].entries[index..];
+            let entries = &self.leaves[leaf as usize].entries()[index..];
             let wanted = end - start - out.len();
             out.extend_from_slice(&entries[..wanted.min(entries.len())]);
         }
@@ -392,7 +521,7 @@ impl RankTree {
                 return None;
             }
             let (leaf, index) = self.locate(position);
-            let entries = &self.leaves[leaf as usize].entries[index..];
+            let entries = &self.leaves[leaf as usize].entries()[index..];
             position += entries.len();
             Some(entries)
         })
@@ -419,12 +548,12 @@ impl RankTree {
     }
 
     fn free_leaf(&mut self, index: u32) {
-        self.leaves[index as usize] = Leaf::default();
+        self.leaves[index as usize].len = 0;
         self.free_leaves.push(index);
     }
 
     fn free_inner(&mut self, index: u32) {
-        self.inners[index as usize] = Inner::default();
+        self.inners[index as usize].len = 0;
         self.free_inners.push(index);
     }
 
@@ -436,11 +565,10 @@ impl RankTree {
     }
 
     #[cfg(test)]
-    fn check_node(&self, node: u32, height: u32) -> (usize, Option<Entry>, Option<Entry>) {
+    fn check_node(&self, node: u32, height: usize) -> (usize, Option<Entry>, Option<Entry>) {
         if height == 0 {
-            let entries = &self.leaves[node as usize].entries;
+            let entries = self.leaves[node as usize].entries();
             assert!(entries.windows(2).all(|w| w[0] < w[1]), "leaf sorted");
-            assert!(entries.len() <= LEAF_ENTRIES_MAX);
             return (
                 entries.len(),
                 entries.first().copied(),
@@ -448,17 +576,16 @@ impl RankTree {
             );
         }
         let inner = &self.inners[node as usize];
-        assert!(!inner.children.is_empty() && inner.children.len() <= INNER_CHILDREN_MAX);
-        assert_eq!(inner.separators.len() + 1, inner.children.len());
+        assert!(inner.len > 0);
         let (mut total, mut first, mut last) = (0, None, None);
-        for (at, (&child, &count)) in inner.children.iter().zip(&inner.counts).enumerate() {
-            let (below, low, high) = self.check_node(child, height - 1);
-            assert_eq!(below, count as usize, "child count");
+        for at in 0..inner.len {
+            let (below, low, high) = self.check_node(inner.children[at], height - 1);
+            assert_eq!(below, inner.counts[at] as usize, "child count");
             assert!(below > 0, "no empty child stays linked");
             if at > 0 {
                 assert!(inner.separators[at - 1] <= low.expect("non-empty"));
             }
-            if at < inner.separators.len() {
+            if at + 1 < inner.len {
                 assert!(high.expect("non-empty") < inner.separators[at]);
             }
             total += below;
