@@ -3,6 +3,7 @@
 //!
 //! - fraud: loads the case study's history in place, then runs the generator -> acknowledged stream ->
 //!   scoring -> durable journal pipeline several times (generator included, in its own process).
+//! - leaderboard: `bench_leaderboard.rs`.
 //! - tally: `spate load tally adds` in closed loop, then in open loop at half the rate the closed loop
 //!   achieved, so the report shows latency at a sustainable offered load as well as at saturation.
 
@@ -15,24 +16,26 @@ use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 /// Apps with a benchmark, in report order.
-const BENCHMARKS: &[&str] = &["fraud", "tally"];
+const BENCHMARKS: &[&str] = &["fraud", "leaderboard", "tally"];
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Apps to benchmark [default: all: fraud, tally]
+    #[command(flatten)]
+    pub leaderboard: crate::bench_leaderboard::LeaderboardBench,
+    /// Apps to benchmark [default: all: fraud, leaderboard, tally]
     #[arg(value_parser = clap::builder::PossibleValuesParser::new(BENCHMARKS))]
     apps: Vec<String>,
     #[command(flatten)]
-    fraud: FraudBench,
+    pub fraud: FraudBench,
     /// Measured seconds of each HTTP load run
     #[arg(long, default_value_t = 10.0)]
-    duration_s: f64,
+    pub duration_s: f64,
     /// Connections of each HTTP load run
     #[arg(long, default_value_t = 16)]
-    connections: u32,
+    pub connections: u32,
     /// Where the report goes
     #[arg(long, default_value = "bench-results")]
-    out: PathBuf,
+    pub out: PathBuf,
 }
 
 #[derive(Args)]
@@ -54,7 +57,7 @@ pub struct FraudBench {
     window: usize,
     /// Server partitions [default: one per core]
     #[arg(long)]
-    partitions: Option<u16>,
+    pub partitions: Option<u16>,
 }
 
 /// The case study's own code on this machine with its history restored (seeds README): the peer figure.
@@ -81,6 +84,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let section = match app {
             "fraud" => fraud(&args.fraud, &args.out)?,
             "tally" => tally(&args)?,
+            "leaderboard" => crate::bench_leaderboard::run(&args)?,
             other => unreachable!("no benchmark for {other}"),
         };
         report += &section;
@@ -92,9 +96,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-struct Spawned {
+pub struct Spawned {
     child: Child,
-    http: String,
+    pub http: String,
     stream: String,
 }
 
@@ -106,7 +110,7 @@ impl Drop for Spawned {
     }
 }
 
-fn start_server(
+pub fn start_server(
     data_dir: &std::path::Path,
     app: &str,
     partitions: Option<u16>,
@@ -187,7 +191,7 @@ fn post_json(url: &str, body: &Value) -> anyhow::Result<Value> {
     Ok(agent.post(url).send_json(body)?.body_mut().read_json()?)
 }
 
-fn get_json(url: &str) -> anyhow::Result<Value> {
+pub fn get_json(url: &str) -> anyhow::Result<Value> {
     Ok(ureq::get(url).call()?.body_mut().read_json()?)
 }
 
@@ -301,24 +305,9 @@ fn fraud(args: &FraudBench, out: &std::path::Path) -> anyhow::Result<String> {
 fn tally(args: &BenchArgs) -> anyhow::Result<String> {
     let data_dir = tempfile::tempdir()?;
     let server = start_server(data_dir.path(), "tally", args.fraud.partitions)?;
-    let mut load = crate::load_cli::LoadArgs {
-        app: "tally".into(),
-        scenario: "adds".into(),
-        target: server.http.clone(),
-        stream: String::new(),
-        connections: args.connections,
-        rate: None,
-        duration_s: args.duration_s,
-        requests: None,
-        warmup_s: 1.0,
-        timeout_s: 10.0,
-        seed: 1,
-        batch: 1,
-        cards: 1,
-        users: 1,
-        max_error_share: 0.01,
-        out: None,
-    };
+    let mut load = crate::load_cli::LoadArgs::new("tally", "adds", &server.http);
+    load.connections = args.connections;
+    load.duration_s = args.duration_s;
     let closed = crate::load_cli::load_http(&load)?;
     crate::load_cli::write_outputs(&closed, &args.out, "tally-adds-closed")?;
     load.rate = Some((closed.ok_rate_per_s / 2.0).max(1.0));
@@ -327,15 +316,26 @@ fn tally(args: &BenchArgs) -> anyhow::Result<String> {
     crate::load_cli::write_outputs(&open, &args.out, "tally-adds-open")?;
     drop(server);
     let mut text = String::from(
-        "## tally: POST /tally/accounts/{name}/entries (10,000 accounts, idempotency keys)\n\n\
-         | run | offered/s | achieved/s | errors | p50 | p90 | p99 | p99.9 | max | chart |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+        "## tally: POST /tally/accounts/{name}/entries (10,000 accounts, idempotency keys)\n\n",
     );
-    for (name, report) in [("closed", &closed), ("open", &open)] {
+    text += &load_table(&[
+        ("closed loop", &closed, "tally-adds-closed"),
+        ("open loop", &open, "tally-adds-open"),
+    ]);
+    Ok(text)
+}
+
+/// A Markdown table of load runs: `(label, report, chart file stem)`.
+pub fn load_table(rows: &[(&str, &spate_load::Report, &str)]) -> String {
+    let mut text = String::from(
+        "| run | connections | offered/s | achieved/s | errors | p50 | p90 | p99 | p99.9 | max | chart |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for (label, report, stem) in rows {
         let l = &report.latency;
         let ms = |us: u64| format!("{:.2} ms", us as f64 / 1000.0);
         text += &format!(
-            "| {name} loop, {} connections | {} | {:.0} | {:.3}% | {} | {} | {} | {} | {} | [svg](tally-adds-{name}.svg) |\n",
+            "| {label} | {} | {} | {:.0} | {:.3}% | {} | {} | {} | {} | {} | [svg]({stem}.svg) |\n",
             report.connections,
             report
                 .offered_rate_per_s
@@ -349,7 +349,7 @@ fn tally(args: &BenchArgs) -> anyhow::Result<String> {
             ms(l.max_us),
         );
     }
-    Ok(text)
+    text
 }
 
 fn markdown(report: &Value) -> String {

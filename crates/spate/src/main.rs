@@ -1,6 +1,7 @@
 //! The `spate` command line: parses options and wires the server, the engine and the apps together.
 
 mod bench;
+mod bench_leaderboard;
 mod config;
 mod fraud_cli;
 mod load_cli;

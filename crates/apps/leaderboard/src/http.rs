@@ -11,11 +11,12 @@ use axum::extract::{Path, Query};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use spate_engine::{CommandId, EngineHandle, Pending};
 use spate_server::api::{command_id, json, reply_bytes};
 use spate_server::{ApiError, ApiJson};
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 /// Most score updates in one request; larger batches are refused with 400 before anything is applied.
@@ -29,14 +30,23 @@ const RESERVED_BOARD_NAMES: &[&str] = &["ranks", "scores"];
 
 type Params = Query<HashMap<String, String>>;
 
+fn valid_name(name: &str) -> bool {
+    let valid = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'@');
+    !name.is_empty() && name.len() <= NAME_BYTES_MAX && name.bytes().all(valid)
+}
+
+fn name_error(field: &str) -> ApiError {
+    ApiError::bad_request(format!(
+        "{field} must be 1 to {NAME_BYTES_MAX} characters of A-Z, a-z, 0-9, '-', '_', '.', ':' or '@'"
+    ))
+}
+
 fn check_name(field: &str, name: &str) -> Result<(), ApiError> {
-    let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '@');
-    if name.is_empty() || name.len() > NAME_BYTES_MAX || !name.chars().all(valid) {
-        return Err(ApiError::bad_request(format!(
-            "{field} must be 1 to {NAME_BYTES_MAX} characters of A-Z, a-z, 0-9, '-', '_', '.', ':' or '@'"
-        )));
+    if valid_name(name) {
+        Ok(())
+    } else {
+        Err(name_error(field))
     }
-    Ok(())
 }
 
 /// A score from JSON: an integer, or a string holding one (for values beyond what JSON numbers carry
@@ -364,34 +374,100 @@ async fn update_one(
     }
 }
 
-/// The case study's (and our) bulk body.
+/// A score as JSON carries it: an integer, or a decimal string for values beyond what JSON numbers carry
+/// exactly. Deserializing checks the 128-bit range, so a bad score fails with the field's position.
+#[derive(Debug, Clone, Copy)]
+struct Score(i128);
+
+impl<'de> Deserialize<'de> for Score {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Score;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an integer score (send values beyond 64 bits as a decimal string)")
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Score, E> {
+                Ok(Score(v.into()))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Score, E> {
+                Ok(Score(v.into()))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Score, E> {
+                parse_score_text("score", v)
+                    .map(Score)
+                    .map_err(|e| E::custom(e.message))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
+/// The case study's (and our) bulk body, borrowed from the request bytes: no allocation per update.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct BulkBody {
-    leaderboards: Vec<BulkBoard>,
+struct BulkBody<'a> {
+    #[serde(borrow)]
+    leaderboards: Vec<BulkBoard<'a>>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct BulkBoard {
-    leaderboard_id: String,
-    scores: Vec<BulkScore>,
+struct BulkBoard<'a> {
+    #[serde(borrow)]
+    leaderboard_id: Cow<'a, str>,
+    #[serde(borrow)]
+    scores: Vec<BulkScore<'a>>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct BulkScore {
-    member_id: String,
-    score: Value,
-    mode: Option<String>,
+struct BulkScore<'a> {
+    #[serde(borrow)]
+    member_id: Cow<'a, str>,
+    score: Score,
+    #[serde(borrow)]
+    mode: Option<Cow<'a, str>>,
+}
+
+/// One update's result in a bulk reply.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct BulkResult<'a> {
+    leaderboard_id: &'a str,
+    member_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "decimal")]
+    score: Option<i128>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<BulkError>,
+}
+
+#[derive(Serialize, Clone)]
+struct BulkError {
+    code: &'static str,
+    message: String,
+}
+
+fn decimal<S: serde::Serializer>(score: &Option<i128>, serializer: S) -> Result<S::Ok, S::Error> {
+    match score {
+        Some(score) => serializer.collect_str(score),
+        None => serializer.serialize_none(),
+    }
+}
+
+/// A JSON body parsed in place (a bad score is a 400 like every other bad input of this body).
+fn parse_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
 /// One command per board, queued together; results come back in the request's order.
 async fn bulk_update(
     engine: EngineHandle,
     headers: HeaderMap,
-    body: BulkBody,
+    bytes: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
+    let body: BulkBody<'_> = parse_body(&bytes)?;
     let total: usize = body.leaderboards.iter().map(|b| b.scores.len()).sum();
     if total > UPDATES_PER_REQUEST_MAX {
         return Err(ApiError::bad_request(format!(
@@ -407,20 +483,22 @@ async fn bulk_update(
             &board.leaderboard_id,
         )?;
         for (s, score) in board.scores.iter().enumerate() {
-            let field = format!("leaderboards[{b}].scores[{s}]");
-            check_name(&format!("{field}.memberId"), &score.member_id)?;
-            let value = parse_score(&format!("{field}.score"), &score.score)?;
+            if !valid_name(&score.member_id) {
+                return Err(name_error(&format!(
+                    "leaderboards[{b}].scores[{s}].memberId"
+                )));
+            }
             let operator = score
                 .mode
                 .as_deref()
-                .map(|m| parse_operator(&format!("{field}.mode"), m))
+                .map(|m| parse_operator(&format!("leaderboards[{b}].scores[{s}].mode"), m))
                 .transpose()?;
             by_board.entry(&board.leaderboard_id).or_default().push((
                 position,
                 UpdateItem {
                     member: &score.member_id,
                     operator,
-                    value,
+                    value: score.score.0,
                 },
             ));
             position += 1;
@@ -438,47 +516,80 @@ async fn bulk_update(
             with_rank: false,
             items: items.iter().map(|(_, item)| *item).collect(),
         };
-        queued.push((board, items, enqueue(&engine, id, &command)));
+        queued.push((*board, items, enqueue(&engine, id, &command)));
     }
-    let mut results = vec![Value::Null; total];
+    let mut results: Vec<Option<BulkResult<'_>>> = (0..total).map(|_| None).collect();
     let mut failed = 0usize;
     for (board, items, pending) in queued {
         let outcome = match pending {
             Ok(pending) => outcome(pending).await,
             Err(error) => Err(error),
         };
-        for (index, (position, item)) in items.iter().enumerate() {
-            let result = match &outcome {
-                Ok(Outcome::Updated { items: results, .. }) => match results.get(index) {
-                    Some(ItemResult::Scored { score, .. }) => {
-                        json!({"leaderboardId": board, "memberId": item.member, "score": score.to_string()})
-                    }
-                    Some(ItemResult::Overflow) => {
-                        json!({"leaderboardId": board, "memberId": item.member, "error": {"code": "score_out_of_range", "message": "the new score would leave the signed 128-bit range; unchanged"}})
-                    }
-                    Some(ItemResult::BoardFull) => {
-                        json!({"leaderboardId": board, "memberId": item.member, "error": {"code": "board_full", "message": "the board holds the most members a board may hold"}})
-                    }
-                    None => return Err(internal("fewer results than updates")),
+        let board_error = match &outcome {
+            Ok(Outcome::Updated { items: scored, .. }) if scored.len() == items.len() => None,
+            Ok(Outcome::Updated { .. }) => return Err(internal("fewer results than updates")),
+            Ok(Outcome::NoSuchBoard) => Some(BulkError {
+                code: "not_found",
+                message: format!("no board {board:?}"),
+            }),
+            Ok(other) => return Err(internal(format!("unexpected outcome {other:?}"))),
+            Err(error) => Some(BulkError {
+                code: if error.status == StatusCode::SERVICE_UNAVAILABLE {
+                    "unavailable"
+                } else {
+                    "error"
                 },
-                Ok(Outcome::NoSuchBoard) => {
-                    json!({"leaderboardId": board, "memberId": item.member, "error": {"code": "not_found", "message": format!("no board {board:?}")}})
-                }
-                Ok(other) => return Err(internal(format!("unexpected outcome {other:?}"))),
-                Err(error) => {
-                    json!({"leaderboardId": board, "memberId": item.member, "error": {"code": error.code, "message": error.message}})
-                }
+                message: error.message.clone(),
+            }),
+        };
+        for (index, (position, item)) in items.iter().enumerate() {
+            let (score, error) = match (&board_error, &outcome) {
+                (Some(error), _) => (None, Some(error.clone())),
+                (None, Ok(Outcome::Updated { items: scored, .. })) => match scored[index] {
+                    ItemResult::Scored { score, .. } => (Some(score), None),
+                    ItemResult::Overflow => (
+                        None,
+                        Some(BulkError {
+                            code: "score_out_of_range",
+                            message:
+                                "the new score would leave the signed 128-bit range; unchanged"
+                                    .into(),
+                        }),
+                    ),
+                    ItemResult::BoardFull => (
+                        None,
+                        Some(BulkError {
+                            code: "board_full",
+                            message: "the board holds the most members a board may hold".into(),
+                        }),
+                    ),
+                },
+                (None, _) => unreachable!("an outcome without a board error is Updated"),
             };
-            if result.get("error").is_some() {
-                failed += 1;
-            }
-            results[*position] = result;
+            failed += usize::from(error.is_some());
+            results[*position] = Some(BulkResult {
+                leaderboard_id: board,
+                member_id: item.member,
+                score,
+                error,
+            });
         }
     }
-    Ok(json(
-        StatusCode::OK,
-        &json!({"updated": total - failed, "failed": failed, "results": results}),
-    ))
+    #[derive(Serialize)]
+    struct Reply<'a> {
+        updated: usize,
+        failed: usize,
+        results: Vec<BulkResult<'a>>,
+    }
+    let reply = Reply {
+        updated: total - failed,
+        failed,
+        results: results
+            .into_iter()
+            .map(|r| r.expect("every position has a result"))
+            .collect(),
+    };
+    Ok(json(StatusCode::OK, &reply))
 }
 
 async fn top(
@@ -706,7 +817,7 @@ pub(crate) fn routes(engine: EngineHandle) -> Router {
         })
         .route("/leaderboards/scores", {
             let e = e.clone();
-            post(move |headers: HeaderMap, ApiJson(body): ApiJson<BulkBody>| bulk_update(e, headers, body))
+            post(move |headers: HeaderMap, body: axum::body::Bytes| bulk_update(e, headers, body))
         })
         .route("/leaderboards/ranks", {
             let e = e.clone();
