@@ -106,3 +106,63 @@ fn broken(what: &str) -> std::io::Error {
         format!("redis protocol: {what}"),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+
+    /// A peer that checks the request bytes it gets and answers with canned replies.
+    async fn peer(expected_request: &'static [u8], replies: &'static [u8]) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = vec![0; expected_request.len()];
+            socket.read_exact(&mut request).await.unwrap();
+            assert_eq!(request, expected_request);
+            socket.write_all(replies).await.unwrap();
+        });
+        address
+    }
+
+    fn command(args: &[&str]) -> Vec<Vec<u8>> {
+        args.iter().map(|a| a.as_bytes().to_vec()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_pipeline_reads_one_reply_of_any_type_per_command() {
+        let address = peer(
+            b"*4\r\n$7\r\nZINCRBY\r\n$1\r\nb\r\n$1\r\n5\r\n$1\r\nm\r\n*1\r\n$4\r\nPING\r\n*1\r\n$4\r\nPING\r\n*1\r\n$4\r\nPING\r\n",
+            b"$1\r\n5\r\n+PONG\r\n*3\r\n$1\r\na\r\n:1\r\n*1\r\n$-1\r\n:7\r\n",
+        )
+        .await;
+        let mut connection = RedisConnection::connect(&address).await.unwrap();
+        let commands = [
+            command(&["ZINCRBY", "b", "5", "m"]),
+            command(&["PING"]),
+            command(&["PING"]),
+            command(&["PING"]),
+        ];
+        let reply = connection.pipeline(&commands).await.unwrap();
+        assert!(matches!(reply, PipelineReply::Ok));
+    }
+
+    #[tokio::test]
+    async fn an_error_reply_is_reported_and_a_closed_connection_is_an_error() {
+        let address = peer(
+            b"*1\r\n$4\r\nPING\r\n*1\r\n$4\r\nPING\r\n",
+            b"-ERR wrong\r\n+PONG\r\n",
+        )
+        .await;
+        let mut connection = RedisConnection::connect(&address).await.unwrap();
+        let reply = connection
+            .pipeline(&[command(&["PING"]), command(&["PING"])])
+            .await
+            .unwrap();
+        assert!(matches!(reply, PipelineReply::Error));
+        // The peer has closed: the next reply never comes.
+        assert!(connection.pipeline(&[command(&["PING"])]).await.is_err());
+    }
+}
