@@ -7,7 +7,7 @@ use crate::command::{Command, ItemResult, Outcome};
 use spate_engine::wire::{Put, Reader};
 use spate_engine::{Effects, StateMachine};
 use std::collections::BTreeMap;
-use std::io;
+use std::io::{self, Read};
 
 #[derive(Debug, Default)]
 pub struct LeaderboardState {
@@ -106,9 +106,20 @@ impl LeaderboardState {
         outcome.encode(reply);
     }
 
+    /// Reads what `write_snapshot` wrote, and not a byte more: the engine's snapshot stream continues
+    /// with its own checksum and other apps' sections.
     pub fn restore(input: &mut dyn io::Read) -> io::Result<Self> {
+        let mut length = [0; 8];
+        input.read_exact(&mut length)?;
+        let length = u64::from_le_bytes(length);
         let mut bytes = Vec::new();
-        input.read_to_end(&mut bytes)?;
+        Read::take(&mut *input, length).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 != length {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "leaderboard snapshot is truncated",
+            ));
+        }
         let invalid = |e: spate_engine::wire::WireError| {
             io::Error::new(io::ErrorKind::InvalidData, e.to_string())
         };
@@ -149,6 +160,58 @@ impl StateMachine for LeaderboardState {
             bytes.put_bytes(name.as_bytes());
             board.write(&mut bytes);
         }
+        out.write_all(&(bytes.len() as u64).to_le_bytes())?;
         out.write_all(&bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::board::{BoardConfig, Operator, Order, TiePolicy};
+    use crate::command::UpdateItem;
+
+    #[test]
+    fn a_snapshot_restores_exactly_its_own_bytes_from_a_longer_stream() {
+        let mut state = LeaderboardState::default();
+        let config = BoardConfig {
+            order: Order::Descending,
+            ties: TiePolicy::Random,
+            operator: Operator::Set,
+        };
+        let mut reply = Vec::new();
+        state.execute(&Command::Create { board: "b", config }, 1, 2, &mut reply);
+        let items = (0..50)
+            .map(|i| UpdateItem {
+                member: ["x", "y", "z"][i % 3],
+                operator: None,
+                value: i as i128 % 7,
+            })
+            .collect();
+        state.execute(
+            &Command::Update {
+                board: "b",
+                with_rank: false,
+                items,
+            },
+            3,
+            4,
+            &mut reply,
+        );
+        let mut stream = Vec::new();
+        state.write_snapshot(&mut stream).expect("write to a Vec");
+        // The engine's stream goes on after the app's section (its checksum, other apps).
+        stream.extend_from_slice(b"NEXT");
+        let mut input = &stream[..];
+        let restored = LeaderboardState::restore(&mut input).expect("restore");
+        assert_eq!(input, b"NEXT");
+        let page = |s: &LeaderboardState| {
+            let board = s.board("b").expect("board");
+            board.current().page(&board.config, 0, 10)
+        };
+        assert_eq!(page(&restored), page(&state));
+        assert_eq!(page(&state).len(), 3);
+        let mut truncated = &stream[..stream.len() - 10];
+        assert!(LeaderboardState::restore(&mut truncated).is_err());
     }
 }
