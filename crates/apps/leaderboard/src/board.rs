@@ -185,7 +185,41 @@ impl Season {
         value: i128,
         random_tie: u64,
     ) -> Result<i128, UpdateError> {
-        let Some(&slot) = self.index.get(member) else {
+        let found = self.index.get(member).copied();
+        self.update_found(config, member, found, operator, value, random_tie)
+    }
+
+    /// Looks up the slots of a batch's members before any update is applied. The lookups do not depend
+    /// on each other, so the CPU overlaps their cache misses, which inside each update it could not.
+    pub fn find_slots<'a>(
+        &self,
+        members: impl Iterator<Item = &'a str>,
+        slots: &mut Vec<Option<u32>>,
+    ) {
+        slots.clear();
+        slots.extend(members.map(|member| {
+            let slot = self.index.get(member).copied();
+            if let Some(slot) = slot {
+                crate::tree::prefetch(std::slice::from_ref(&self.slots[slot as usize]));
+            }
+            slot
+        }));
+    }
+
+    /// [`Season::update`] with the member's slot found beforehand by [`Season::find_slots`] in the same
+    /// batch. Slots are only freed by deletes, never inside a batch of updates, so a found slot is still
+    /// the member's; `None` is looked up again, since an earlier update of the batch may have added it.
+    pub fn update_found(
+        &mut self,
+        config: &BoardConfig,
+        member: &str,
+        found: Option<u32>,
+        operator: Operator,
+        value: i128,
+        random_tie: u64,
+    ) -> Result<i128, UpdateError> {
+        debug_assert!(found.is_none_or(|slot| *self.slots[slot as usize].name == *member));
+        let Some(slot) = found.or_else(|| self.index.get(member).copied()) else {
             if self.tree.len() >= MEMBERS_PER_BOARD_MAX {
                 return Err(UpdateError::Full);
             }

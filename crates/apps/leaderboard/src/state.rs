@@ -12,6 +12,8 @@ use std::io::{self, Read};
 #[derive(Debug, Default)]
 pub struct LeaderboardState {
     boards: BTreeMap<String, Board>,
+    /// Scratch space for a batch's looked-up member slots, kept to avoid an allocation per command.
+    found_slots: Vec<Option<u32>>,
 }
 
 /// A different tie-breaker for every update of one command, from the command's one random draw.
@@ -61,11 +63,13 @@ impl LeaderboardState {
                 let config = board.config;
                 let season = board.current_mut();
                 Outcome::begin_updated(reply, season.number, items.len());
+                season.find_slots(items.iter().map(|item| item.member), &mut self.found_slots);
                 for (index, item) in items.iter().enumerate() {
                     let operator = item.operator.unwrap_or(config.operator);
-                    let result = match season.update(
+                    let result = match season.update_found(
                         &config,
                         item.member,
+                        self.found_slots[index],
                         operator,
                         item.value,
                         item_tie(random, index),
@@ -132,7 +136,10 @@ impl LeaderboardState {
             boards.insert(name, Board::read(&mut r).map_err(invalid)?);
         }
         r.finish().map_err(invalid)?;
-        Ok(Self { boards })
+        Ok(Self {
+            boards,
+            found_slots: Vec::new(),
+        })
     }
 }
 

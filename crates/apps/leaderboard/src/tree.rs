@@ -125,7 +125,7 @@ impl Inner {
 }
 
 #[cfg(target_arch = "x86_64")]
-fn prefetch<T>(items: &[T]) {
+pub(crate) fn prefetch<T>(items: &[T]) {
     use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
     let start = items.as_ptr().cast::<u8>();
     for offset in (0..std::mem::size_of_val(items)).step_by(64) {
@@ -135,7 +135,7 @@ fn prefetch<T>(items: &[T]) {
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn prefetch<T>(_items: &[T]) {}
+pub(crate) fn prefetch<T>(_items: &[T]) {}
 
 /// What a node hands its parent after an insert made it split: the right half and its first entry.
 struct Split {
