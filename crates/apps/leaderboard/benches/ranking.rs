@@ -1,5 +1,6 @@
 //! In-process apply on one core, no I/O: the leaderboard's state machine fed encoded update commands, as
-//! the partition thread feeds it, on a board of 1M members; and rank queries on a board of 10M.
+//! the partition thread feeds it, on a board of 1M members; rank queries on a board of 10M; and the
+//! machine's random-access memory latency, for proportion.
 //! `cargo bench -p spate-leaderboard --bench ranking`
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
@@ -168,5 +169,30 @@ fn rank(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, apply, rank);
+/// The machine's cost of one dependent random load over 64 MiB (a pointer chase), the unit an update on a
+/// random member of a large board pays several times: it puts the apply figures in proportion.
+fn memory(c: &mut Criterion) {
+    const SLOTS: usize = 64 * 1024 * 1024 / 8;
+    const STEPS: usize = 1_000;
+    // Sattolo's shuffle: one cycle through every slot, so the chase never settles into a cached loop.
+    let mut next: Vec<usize> = (0..SLOTS).collect();
+    let mut rng = SmallRng::seed_from_u64(5);
+    for i in (1..SLOTS).rev() {
+        next.swap(i, rng.random_range(0..i));
+    }
+    let mut at = 0;
+    let mut group = c.benchmark_group("machine");
+    group.throughput(Throughput::Elements(STEPS as u64));
+    group.bench_function("dependent_load_64MiB", |b| {
+        b.iter(|| {
+            for _ in 0..STEPS {
+                at = next[at];
+            }
+            black_box(at)
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, apply, rank, memory);
 criterion_main!(benches);
