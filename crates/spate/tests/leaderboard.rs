@@ -149,8 +149,23 @@ fn case_study_concurrency_checks_over_its_own_api() {
         (big + n * (n + 1) / 2).to_string()
     );
 
+    // A retried increment with the same Idempotency-Key applies once; the key with another body is refused.
+    let url = format!("{base}/leaderboard/{board}/keyed?score=7");
+    for _ in 0..3 {
+        let reply = ok(send(&agent, "PATCH", &url, Some("retry-1"), None), 200);
+        assert_eq!(reply["score"], json!("7"), "{reply}");
+    }
+    let other = format!("{base}/leaderboard/{board}/keyed?score=8");
+    let (status, reply) = send(&agent, "PATCH", &other, Some("retry-1"), None).unwrap();
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (422, Some("idempotency_key_reused")),
+        "{reply}"
+    );
+    assert_eq!(score_of(&agent, &base, &board, "keyed"), "7");
+
     let (status, body) = get(&agent, &format!("{base}/leaderboard/{board}"));
-    assert_eq!((status, body["size"].as_u64()), (200, Some(3)), "{body}");
+    assert_eq!((status, body["size"].as_u64()), (200, Some(4)), "{body}");
     let listed = get(&agent, &format!("{base}/leaderboard")).1;
     assert_eq!(listed["leaderboards"][0]["id"], json!(board), "{listed}");
 }
