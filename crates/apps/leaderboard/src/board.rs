@@ -66,7 +66,7 @@ pub struct BoardConfig {
 }
 
 impl BoardConfig {
-    pub fn encode(&self, out: &mut Vec<u8>) {
+    pub fn encode(&self, out: &mut impl Put) {
         out.put_u8(self.order.code());
         out.put_u8(self.ties.code());
         out.put_u8(self.operator.code());
@@ -352,7 +352,7 @@ impl Season {
         })
     }
 
-    pub fn write(&self, out: &mut Vec<u8>) {
+    pub fn write(&self, out: &mut impl Put) {
         out.put_u32(self.number);
         out.put_u64(self.started_ms);
         out.put_u64(self.next_tie);
@@ -467,7 +467,7 @@ impl Board {
         number
     }
 
-    pub fn write(&self, out: &mut Vec<u8>) {
+    pub fn write(&self, out: &mut impl Put) {
         self.config.encode(out);
         out.put_u32(u32::try_from(self.seasons.len()).expect("season count fits in u32"));
         for season in &self.seasons {

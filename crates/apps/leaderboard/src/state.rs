@@ -160,15 +160,132 @@ impl StateMachine for LeaderboardState {
         }
     }
 
+    /// Streams the state in pieces (no second copy of a large board in memory), after its length,
+    /// which a first pass counts: the engine's snapshot stream continues after this section.
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
-        let mut bytes = Vec::new();
-        bytes.put_u32(u32::try_from(self.boards.len()).expect("board count fits in u32"));
+        let mut counted = ByteCount(0);
+        self.write_state(&mut counted);
+        out.write_all(&counted.0.to_le_bytes())?;
+        let mut chunked = Chunked::new(out);
+        self.write_state(&mut chunked);
+        let written = chunked.finish()?;
+        assert_eq!(written, counted.0, "both passes write the same bytes");
+        Ok(())
+    }
+}
+
+impl LeaderboardState {
+    fn write_state(&self, out: &mut impl Put) {
+        out.put_u32(u32::try_from(self.boards.len()).expect("board count fits in u32"));
         for (name, board) in &self.boards {
-            bytes.put_bytes(name.as_bytes());
-            board.write(&mut bytes);
+            out.put_bytes(name.as_bytes());
+            board.write(out);
         }
-        out.write_all(&(bytes.len() as u64).to_le_bytes())?;
-        out.write_all(&bytes)
+    }
+}
+
+/// Counts the bytes a writer would produce.
+struct ByteCount(u64);
+
+impl Put for ByteCount {
+    fn put_u8(&mut self, _: u8) {
+        self.0 += 1;
+    }
+    fn put_u16(&mut self, _: u16) {
+        self.0 += 2;
+    }
+    fn put_u32(&mut self, _: u32) {
+        self.0 += 4;
+    }
+    fn put_u64(&mut self, _: u64) {
+        self.0 += 8;
+    }
+    fn put_u128(&mut self, _: u128) {
+        self.0 += 16;
+    }
+    fn put_i128(&mut self, _: i128) {
+        self.0 += 16;
+    }
+    fn put_bytes(&mut self, v: &[u8]) {
+        self.0 += 4 + v.len() as u64;
+    }
+}
+
+/// Buffers what is put and writes it to `sink` in pieces of [`Chunked::PIECE_BYTES`]. `Put` cannot fail,
+/// so the first write error is kept and returned by [`Chunked::finish`]; nothing is written after it.
+struct Chunked<'a> {
+    buffer: Vec<u8>,
+    sink: &'a mut dyn io::Write,
+    written: u64,
+    error: Option<io::Error>,
+}
+
+impl<'a> Chunked<'a> {
+    const PIECE_BYTES: usize = 64 * 1024;
+
+    fn new(sink: &'a mut dyn io::Write) -> Self {
+        Self {
+            buffer: Vec::with_capacity(Self::PIECE_BYTES + 256),
+            sink,
+            written: 0,
+            error: None,
+        }
+    }
+
+    fn drain(&mut self) {
+        if self.error.is_none()
+            && let Err(error) = self.sink.write_all(&self.buffer)
+        {
+            self.error = Some(error);
+        }
+        self.written += self.buffer.len() as u64;
+        self.buffer.clear();
+    }
+
+    fn after_put(&mut self) {
+        if self.buffer.len() >= Self::PIECE_BYTES {
+            self.drain();
+        }
+    }
+
+    /// The number of bytes put, once all of them reached the sink.
+    fn finish(mut self) -> io::Result<u64> {
+        self.drain();
+        match self.error {
+            Some(error) => Err(error),
+            None => Ok(self.written),
+        }
+    }
+}
+
+impl Put for Chunked<'_> {
+    fn put_u8(&mut self, v: u8) {
+        self.buffer.put_u8(v);
+        self.after_put();
+    }
+    fn put_u16(&mut self, v: u16) {
+        self.buffer.put_u16(v);
+        self.after_put();
+    }
+    fn put_u32(&mut self, v: u32) {
+        self.buffer.put_u32(v);
+        self.after_put();
+    }
+    fn put_u64(&mut self, v: u64) {
+        self.buffer.put_u64(v);
+        self.after_put();
+    }
+    fn put_u128(&mut self, v: u128) {
+        self.buffer.put_u128(v);
+        self.after_put();
+    }
+    fn put_i128(&mut self, v: i128) {
+        self.buffer.put_i128(v);
+        self.after_put();
+    }
+    fn put_bytes(&mut self, v: &[u8]) {
+        self.buffer.put_bytes(v);
+        self.after_put();
     }
 }
 
@@ -205,8 +322,29 @@ mod tests {
             4,
             &mut reply,
         );
+        // Enough members that the snapshot is written in several pieces.
+        let names: Vec<String> = (0..5_000).map(|i| format!("member{i}")).collect();
+        let items = names
+            .iter()
+            .map(|m| UpdateItem {
+                member: m,
+                operator: None,
+                value: 1,
+            })
+            .collect();
+        state.execute(
+            &Command::Update {
+                board: "b",
+                with_rank: false,
+                items,
+            },
+            5,
+            6,
+            &mut reply,
+        );
         let mut stream = Vec::new();
         state.write_snapshot(&mut stream).expect("write to a Vec");
+        assert!(stream.len() > 2 * Chunked::PIECE_BYTES);
         // The engine's stream goes on after the app's section (its checksum, other apps).
         stream.extend_from_slice(b"NEXT");
         let mut input = &stream[..];
@@ -214,10 +352,10 @@ mod tests {
         assert_eq!(input, b"NEXT");
         let page = |s: &LeaderboardState| {
             let board = s.board("b").expect("board");
-            board.current().page(&board.config, 0, 10)
+            board.current().page(&board.config, 0, usize::MAX)
         };
         assert_eq!(page(&restored), page(&state));
-        assert_eq!(page(&state).len(), 3);
+        assert_eq!(page(&state).len(), 5_003);
         let mut truncated = &stream[..stream.len() - 10];
         assert!(LeaderboardState::restore(&mut truncated).is_err());
     }
