@@ -3,12 +3,14 @@
 //! ranking costs one descent per leaf it touches.
 //!
 //! Nodes live in two arenas (leaves and inner nodes) addressed by `u32`, so the tree is a few large
-//! allocations and nothing is reference-counted. A node that becomes empty is unlinked and recycled;
-//! nodes that merely shrink are not merged (deletes are rare next to updates, and a restore rebuilds the
-//! tree packed).
+//! allocations and nothing is reference-counted. A leaf left less than a quarter full merges with a
+//! sibling when both fit in one; an inner node is unlinked once empty (inner nodes are 1/48 of the leaves,
+//! and a restore rebuilds the tree packed).
 
 /// Entries a leaf holds. 64 entries of 32 bytes: a leaf is 2 KiB, which a descent prefetches at once.
 const LEAF_ENTRIES_MAX: usize = 64;
+/// A leaf left with fewer entries than this after a remove is merged with a sibling if both fit in one.
+const LEAF_MERGE_BELOW: usize = LEAF_ENTRIES_MAX / 4;
 /// Children an inner node holds.
 const INNER_CHILDREN_MAX: usize = 64;
 /// How full a bulk-built node is, so that the first inserts after a restore do not all split.
@@ -375,10 +377,19 @@ impl RankTree {
         for &(node, child) in &path.steps[..path.len] {
             self.inners[node as usize].counts[child] -= 1;
         }
-        if self.leaves[leaf as usize].len > 0 || path.len == 0 {
+        if path.len == 0 {
             return;
         }
-        // Unlink the empty leaf, and any inner node that its removal empties.
+        let (parent, child) = path.steps[path.len - 1];
+        match self.leaves[leaf as usize].len {
+            0 => self.unlink_empty_leaf(path, leaf),
+            len if len < LEAF_MERGE_BELOW => self.merge_with_sibling(parent, child),
+            _ => {}
+        }
+    }
+
+    /// Unlinks an empty leaf, and any inner node that its removal empties.
+    fn unlink_empty_leaf(&mut self, path: &Path, leaf: u32) {
         self.free_leaf(leaf);
         for &(node, child) in path.steps[..path.len].iter().rev() {
             let inner = &mut self.inners[node as usize];
@@ -394,6 +405,41 @@ impl RankTree {
                 return;
             }
         }
+        self.collapse_root();
+    }
+
+    /// Moves a small leaf's entries into a sibling leaf (or the sibling's into it) when they fit in one,
+    /// so that leaves stay reasonably full while scores drift (entries leave some leaves for good).
+    fn merge_with_sibling(&mut self, parent: u32, child: usize) {
+        let inner = &self.inners[parent as usize];
+        let left = if child + 1 < inner.len {
+            child
+        } else if child > 0 {
+            child - 1
+        } else {
+            return;
+        };
+        let (left_leaf, right_leaf) = (inner.children[left], inner.children[left + 1]);
+        let (left_len, right_len) = (
+            self.leaves[left_leaf as usize].len,
+            self.leaves[right_leaf as usize].len,
+        );
+        if left_len + right_len > LEAF_ENTRIES_MAX {
+            return;
+        }
+        let right_entries = self.leaves[right_leaf as usize].entries;
+        let merged = &mut self.leaves[left_leaf as usize];
+        merged.entries[left_len..left_len + right_len].copy_from_slice(&right_entries[..right_len]);
+        merged.len += right_len;
+        let inner = &mut self.inners[parent as usize];
+        inner.counts[left] += inner.counts[left + 1];
+        inner.remove_child(left + 1);
+        self.free_leaf(right_leaf);
+        self.collapse_root();
+    }
+
+    /// While the root has one child, that child becomes the root.
+    fn collapse_root(&mut self) {
         while self.height > 0 && self.inners[self.root as usize].len == 1 {
             let only = self.inners[self.root as usize].children[0];
             self.free_inner(self.root);
@@ -687,6 +733,26 @@ mod tests {
             }
             check_against(&tree, &model);
         }
+    }
+
+    #[test]
+    fn leaves_stay_reasonably_full_when_most_entries_leave() {
+        // A board that loses 15 of every 16 members, spread evenly: without merging, every leaf would
+        // keep its few survivors and memory would stay at the old size.
+        let count = 64_000u32;
+        let entries: Vec<Entry> = (0..count).map(|m| entry(u128::from(m), m)).collect();
+        let mut tree = RankTree::from_sorted(&entries);
+        for e in entries.iter().filter(|e| e.member % 16 != 0) {
+            assert!(tree.remove(e));
+        }
+        tree.check();
+        let live_leaves = tree.leaves.len() - tree.free_leaves.len();
+        let survivors = tree.len();
+        assert_eq!(survivors, count as usize / 16);
+        assert!(
+            live_leaves <= survivors / LEAF_MERGE_BELOW + 2,
+            "{live_leaves} leaves for {survivors} entries"
+        );
     }
 
     #[test]
