@@ -437,7 +437,7 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
             "/leaderboards/b/members/m".into(),
             Some(json!({"score": 1.5})),
             400,
-            "score must be an integer",
+            "expected an integer score",
         ),
         (
             "PUT",
@@ -457,8 +457,15 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
             "PUT",
             "/leaderboards/b/members/m".into(),
             Some(json!({"score": 1, "bonus": 2})),
-            422,
+            400,
             "unknown field",
+        ),
+        (
+            "PUT",
+            "/leaderboards/b/members/m".into(),
+            Some(json!({"operator": "set"})),
+            400,
+            "missing field `score`",
         ),
         (
             "PUT",
