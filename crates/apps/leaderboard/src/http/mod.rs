@@ -2,8 +2,12 @@
 //! `/leaderboard` (same paths and bodies, so its clients work unchanged). Scores travel as decimal
 //! strings (exact beyond 2^53) and are accepted as JSON integers or strings.
 
+mod bulk;
+mod case_study;
+mod parse;
+
 use crate::board::{Board, BoardConfig, Cursor, Operator, Order, Season, Standing, TiePolicy};
-use crate::command::{Command, ItemResult, NAME_BYTES_MAX, Outcome, UpdateItem};
+use crate::command::{Command, ItemResult, Outcome, UpdateItem};
 use crate::state::LeaderboardState;
 use crate::{APP_ID, APP_NAME};
 use axum::Router;
@@ -11,13 +15,13 @@ use axum::extract::{Path, Query};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::{Deserialize, Serialize};
+use parse::{Score, check_name, param_number, param_season, parse_body, parse_operator};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use spate_engine::{CommandId, EngineHandle, Pending};
 use spate_server::ApiError;
 use spate_server::api::{command_id, json, reply_bytes};
-use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 /// Most score updates in one request; larger batches are refused with 400 before anything is applied.
 pub const UPDATES_PER_REQUEST_MAX: usize = crate::command::UPDATES_PER_COMMAND_MAX;
@@ -29,97 +33,6 @@ pub const BOARDS_PER_QUERY_MAX: usize = 64;
 const RESERVED_BOARD_NAMES: &[&str] = &["ranks", "scores"];
 
 type Params = Query<HashMap<String, String>>;
-
-fn valid_name(name: &str) -> bool {
-    let valid = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'@');
-    !name.is_empty() && name.len() <= NAME_BYTES_MAX && name.bytes().all(valid)
-}
-
-fn name_error(field: &str) -> ApiError {
-    ApiError::bad_request(format!(
-        "{field} must be 1 to {NAME_BYTES_MAX} characters of A-Z, a-z, 0-9, '-', '_', '.', ':' or '@'"
-    ))
-}
-
-fn check_name(field: &str, name: &str) -> Result<(), ApiError> {
-    if valid_name(name) {
-        Ok(())
-    } else {
-        Err(name_error(field))
-    }
-}
-
-fn parse_score_text(field: &str, text: &str) -> Result<i128, ApiError> {
-    let digits = text.strip_prefix('-').unwrap_or(text);
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(ApiError::bad_request(format!(
-            "{field} must be a decimal integer, got {:?}",
-            truncate(text)
-        )));
-    }
-    text.parse::<i128>().map_err(|_| {
-        ApiError::bad_request(format!(
-            "{field} is beyond the signed 128-bit range ({} to {})",
-            i128::MIN,
-            i128::MAX
-        ))
-    })
-}
-
-fn truncate(text: &str) -> &str {
-    match text.char_indices().nth(48) {
-        Some((at, _)) => &text[..at],
-        None => text,
-    }
-}
-
-fn parse_operator(field: &str, name: &str) -> Result<Operator, ApiError> {
-    // The case study's modes name two of ours.
-    let name = match name {
-        "replace" => "set",
-        other => other,
-    };
-    Operator::parse(name).ok_or_else(|| {
-        ApiError::bad_request(format!(
-            "{field} must be one of {} (or the case study's \"replace\")",
-            Operator::NAMES.join(", ")
-        ))
-    })
-}
-
-fn param_number<T>(
-    params: &HashMap<String, String>,
-    name: &str,
-    default: T,
-    max: T,
-) -> Result<T, ApiError>
-where
-    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
-{
-    let Some(text) = params.get(name) else {
-        return Ok(default);
-    };
-    match text.parse::<T>() {
-        Ok(value) if value <= max => Ok(value),
-        _ => Err(ApiError::bad_request(format!(
-            "{name} must be a whole number up to {max}, got {:?}",
-            truncate(text)
-        ))),
-    }
-}
-
-fn param_season(params: &HashMap<String, String>) -> Result<Option<u32>, ApiError> {
-    params
-        .get("season")
-        .map(|text| match text.parse::<u32>() {
-            Ok(n) if n >= 1 => Ok(n),
-            _ => Err(ApiError::bad_request(format!(
-                "season must be a season number from 1, got {:?}",
-                truncate(text)
-            ))),
-        })
-        .transpose()
-}
 
 fn internal(message: impl std::fmt::Display) -> ApiError {
     ApiError::new(
@@ -356,225 +269,6 @@ async fn update_one(
     }
 }
 
-/// A score as JSON carries it: an integer, or a decimal string for values beyond what JSON numbers carry
-/// exactly. Deserializing checks the 128-bit range, so a bad score fails with the field's position.
-#[derive(Debug, Clone, Copy)]
-struct Score(i128);
-
-impl<'de> Deserialize<'de> for Score {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl serde::de::Visitor<'_> for Visitor {
-            type Value = Score;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("an integer score (send values beyond 64 bits as a decimal string)")
-            }
-            fn visit_i64<E>(self, v: i64) -> Result<Score, E> {
-                Ok(Score(v.into()))
-            }
-            fn visit_u64<E>(self, v: u64) -> Result<Score, E> {
-                Ok(Score(v.into()))
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Score, E> {
-                parse_score_text("score", v)
-                    .map(Score)
-                    .map_err(|e| E::custom(e.message))
-            }
-        }
-        deserializer.deserialize_any(Visitor)
-    }
-}
-
-/// The case study's (and our) bulk body, borrowed from the request bytes: no allocation per update.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BulkBody<'a> {
-    #[serde(borrow)]
-    leaderboards: Vec<BulkBoard<'a>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct BulkBoard<'a> {
-    #[serde(borrow)]
-    leaderboard_id: Cow<'a, str>,
-    #[serde(borrow)]
-    scores: Vec<BulkScore<'a>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct BulkScore<'a> {
-    #[serde(borrow)]
-    member_id: Cow<'a, str>,
-    score: Score,
-    #[serde(borrow)]
-    mode: Option<Cow<'a, str>>,
-}
-
-/// One update's result in a bulk reply.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct BulkResult<'a> {
-    leaderboard_id: &'a str,
-    member_id: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "decimal")]
-    score: Option<i128>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<BulkError>,
-}
-
-#[derive(Serialize, Clone)]
-struct BulkError {
-    code: &'static str,
-    message: String,
-}
-
-fn decimal<S: serde::Serializer>(score: &Option<i128>, serializer: S) -> Result<S::Ok, S::Error> {
-    match score {
-        Some(score) => serializer.collect_str(score),
-        None => serializer.serialize_none(),
-    }
-}
-
-/// A JSON body parsed in place. Every malformed body is a 400 (the issue asks 400 for a score beyond
-/// 128 bits, and one status for every body error is simpler for clients than 400 and 422 by cause).
-fn parse_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
-}
-
-/// One command per board, queued together; results come back in the request's order.
-async fn bulk_update(
-    engine: EngineHandle,
-    headers: HeaderMap,
-    bytes: axum::body::Bytes,
-) -> Result<Response, ApiError> {
-    let body: BulkBody<'_> = parse_body(&bytes)?;
-    let total: usize = body.leaderboards.iter().map(|b| b.scores.len()).sum();
-    if total > UPDATES_PER_REQUEST_MAX {
-        return Err(ApiError::bad_request(format!(
-            "at most {UPDATES_PER_REQUEST_MAX} score updates per request, got {total}"
-        )));
-    }
-    // Validate everything before queueing anything: a bad item refuses the whole request.
-    let mut by_board: BTreeMap<&str, Vec<(usize, UpdateItem<'_>)>> = BTreeMap::new();
-    let mut position = 0;
-    for (b, board) in body.leaderboards.iter().enumerate() {
-        check_name(
-            &format!("leaderboards[{b}].leaderboardId"),
-            &board.leaderboard_id,
-        )?;
-        for (s, score) in board.scores.iter().enumerate() {
-            if !valid_name(&score.member_id) {
-                return Err(name_error(&format!(
-                    "leaderboards[{b}].scores[{s}].memberId"
-                )));
-            }
-            let operator = score
-                .mode
-                .as_deref()
-                .map(|m| parse_operator(&format!("leaderboards[{b}].scores[{s}].mode"), m))
-                .transpose()?;
-            by_board.entry(&board.leaderboard_id).or_default().push((
-                position,
-                UpdateItem {
-                    member: &score.member_id,
-                    operator,
-                    value: score.score.0,
-                },
-            ));
-            position += 1;
-        }
-    }
-    let request_id = command_id(&headers, APP_NAME)?;
-    let mut queued = Vec::with_capacity(by_board.len());
-    for (board, items) in &by_board {
-        // Each board's share of a keyed request gets its own id, derived from the key and the board.
-        let id = request_id.map(|id| {
-            xxhash_rust::xxh3::xxh3_128(&[&id.to_le_bytes()[..], board.as_bytes()].concat())
-        });
-        let command = Command::Update {
-            board,
-            with_rank: false,
-            items: items.iter().map(|(_, item)| *item).collect(),
-        };
-        queued.push((*board, items, enqueue(&engine, id, &command)));
-    }
-    let mut results: Vec<Option<BulkResult<'_>>> = (0..total).map(|_| None).collect();
-    let mut failed = 0usize;
-    for (board, items, pending) in queued {
-        let outcome = match pending {
-            Ok(pending) => outcome(pending).await,
-            Err(error) => Err(error),
-        };
-        let board_error = match &outcome {
-            Ok(Outcome::Updated { items: scored, .. }) if scored.len() == items.len() => None,
-            Ok(Outcome::Updated { .. }) => return Err(internal("fewer results than updates")),
-            Ok(Outcome::NoSuchBoard) => Some(BulkError {
-                code: "not_found",
-                message: format!("no board {board:?}"),
-            }),
-            Ok(other) => return Err(internal(format!("unexpected outcome {other:?}"))),
-            Err(error) => Some(BulkError {
-                code: if error.status == StatusCode::SERVICE_UNAVAILABLE {
-                    "unavailable"
-                } else {
-                    "error"
-                },
-                message: error.message.clone(),
-            }),
-        };
-        for (index, (position, item)) in items.iter().enumerate() {
-            let (score, error) = match (&board_error, &outcome) {
-                (Some(error), _) => (None, Some(error.clone())),
-                (None, Ok(Outcome::Updated { items: scored, .. })) => match scored[index] {
-                    ItemResult::Scored { score, .. } => (Some(score), None),
-                    ItemResult::Overflow => (
-                        None,
-                        Some(BulkError {
-                            code: "score_out_of_range",
-                            message:
-                                "the new score would leave the signed 128-bit range; unchanged"
-                                    .into(),
-                        }),
-                    ),
-                    ItemResult::BoardFull => (
-                        None,
-                        Some(BulkError {
-                            code: "board_full",
-                            message: "the board holds the most members a board may hold".into(),
-                        }),
-                    ),
-                },
-                (None, _) => unreachable!("an outcome without a board error is Updated"),
-            };
-            failed += usize::from(error.is_some());
-            results[*position] = Some(BulkResult {
-                leaderboard_id: board,
-                member_id: item.member,
-                score,
-                error,
-            });
-        }
-    }
-    #[derive(Serialize)]
-    struct Reply<'a> {
-        updated: usize,
-        failed: usize,
-        results: Vec<BulkResult<'a>>,
-    }
-    let reply = Reply {
-        updated: total - failed,
-        failed,
-        results: results
-            .into_iter()
-            .map(|r| r.expect("every position has a result"))
-            .collect(),
-    };
-    Ok(json(StatusCode::OK, &reply))
-}
-
 async fn top(
     engine: EngineHandle,
     board: String,
@@ -733,50 +427,6 @@ fn expect_deleted(outcome: Outcome, missing: ApiError) -> Result<Response, ApiEr
     }
 }
 
-/// The case study's member response.
-fn case_study_member(board: &str, member: &str, score: Option<i128>) -> Response {
-    json(
-        StatusCode::OK,
-        &json!({"leaderboardId": board, "memberId": member, "score": score.map(|s| s.to_string()).unwrap_or_default()}),
-    )
-}
-
-/// The case study's create body. Its other fields (`kind`, the implementation to use) are ignored:
-/// there is one implementation here.
-#[derive(Deserialize)]
-struct CaseStudyCreate {
-    name: Option<String>,
-}
-
-/// The case study's score body; it may repeat the board and member ids of the path, which are ignored.
-#[derive(Deserialize)]
-struct CaseStudyScore {
-    score: Score,
-}
-
-async fn case_study_update(
-    engine: EngineHandle,
-    headers: HeaderMap,
-    board: String,
-    member: String,
-    params: HashMap<String, String>,
-    body: axum::body::Bytes,
-    operator: Operator,
-) -> Result<Response, ApiError> {
-    let value = match params.get("score") {
-        Some(text) => parse_score_text("score", text)?,
-        None if body.is_empty() => {
-            return Err(ApiError::bad_request(
-                "give the score as ?score= or as a body {\"score\": \"...\"}",
-            ));
-        }
-        None => parse_body::<CaseStudyScore>(&body)?.score.0,
-    };
-    let (_, score, _) =
-        update_one(&engine, &headers, &board, &member, Some(operator), value).await?;
-    Ok(case_study_member(&board, &member, Some(score)))
-}
-
 pub(crate) fn routes(engine: EngineHandle) -> Router {
     let e = engine;
     Router::new()
@@ -790,7 +440,7 @@ pub(crate) fn routes(engine: EngineHandle) -> Router {
         })
         .route("/leaderboards/scores", {
             let e = e.clone();
-            post(move |headers: HeaderMap, body: axum::body::Bytes| bulk_update(e, headers, body))
+            post(move |headers: HeaderMap, body: axum::body::Bytes| bulk::bulk_update(e, headers, body))
         })
         .route("/leaderboards/ranks", {
             let e = e.clone();
@@ -869,64 +519,5 @@ pub(crate) fn routes(engine: EngineHandle) -> Router {
             let e = e.clone();
             get(move |Path((board, member)): Path<(String, String)>, Query(params): Params| around(e, board, member, params))
         })
-        // The case study's API.
-        .route("/leaderboard", {
-            let (list, make) = (e.clone(), e.clone());
-            get(move |Query(params): Params| async move {
-                let boards = all_boards(&list).await?;
-                let status = |(name, info): &(String, Value)| json!({"id": name, "size": info["members"]});
-                match params.get("name") {
-                    Some(name) => match boards.iter().find(|(n, _)| n == name) {
-                        Some(board) => Ok(json(StatusCode::OK, &status(board))),
-                        None => Err(no_board(name)),
-                    },
-                    None => Ok(json(StatusCode::OK, &json!({"leaderboards": boards.iter().map(status).collect::<Vec<_>>()}))),
-                }
-            })
-            .post(move |Query(params): Params, headers: HeaderMap, body: axum::body::Bytes| async move {
-                let from_body = if body.is_empty() {
-                    None
-                } else {
-                    let parsed: CaseStudyCreate = parse_body(&body)?;
-                    parsed.name
-                };
-                let name = match (params.get("name"), from_body) {
-                    (Some(a), Some(b)) if *a != b => return Err(ApiError::bad_request(format!("name {a:?} in the query and {b:?} in the body differ"))),
-                    (Some(a), _) => a.clone(),
-                    (None, Some(b)) => b,
-                    (None, None) => return Err(ApiError::bad_request("give the board name as ?name= or in the body")),
-                };
-                // The case study broke ties at random; its boards keep that behaviour here.
-                let config = BoardConfig { order: Order::Descending, ties: TiePolicy::Random, operator: Operator::Set };
-                match create(&make, &headers, &name, config).await? {
-                    Outcome::Created { .. } => Ok(json(StatusCode::OK, &json!({"name": name, "id": name}))),
-                    Outcome::Exists { .. } => Err(ApiError::new(StatusCode::CONFLICT, "board_exists", format!("leaderboard?name={name} already exists"))),
-                    other => Err(internal(format!("unexpected outcome {other:?}"))),
-                }
-            })
-        })
-        .route("/leaderboard/{board}", {
-            let e = e.clone();
-            get(move |Path(board): Path<String>| async move {
-                check_name("board", &board)?;
-                let size = read_season(&e, &board, None, |_, season| season.len()).await?;
-                Ok::<_, ApiError>(json(StatusCode::OK, &json!({"id": board, "size": size})))
-            })
-        })
-        .route("/leaderboard/{board}/{member}", {
-            let (read, replace, increment) = (e.clone(), e.clone(), e);
-            get(move |Path((board, member)): Path<(String, String)>| async move {
-                check_name("board", &board)?;
-                check_name("member", &member)?;
-                let name = member.clone();
-                let score = read_season(&read, &board, None, move |config, season| season.member(config, &name).map(|s| s.score)).await?;
-                Ok::<_, ApiError>(case_study_member(&board, &member, score))
-            })
-            .put(move |Path((board, member)): Path<(String, String)>, Query(params): Params, headers: HeaderMap, body: axum::body::Bytes| {
-                case_study_update(replace, headers, board, member, params, body, Operator::Set)
-            })
-            .patch(move |Path((board, member)): Path<(String, String)>, Query(params): Params, headers: HeaderMap, body: axum::body::Bytes| {
-                case_study_update(increment, headers, board, member, params, body, Operator::Increment)
-            })
-        })
+        .merge(case_study::routes(e))
 }
