@@ -100,6 +100,16 @@ impl BoardConfig {
         (ascending ^ (1 << 127)) as i128
     }
 
+    /// A member's new score from its old one.
+    fn combine(&self, operator: Operator, old: i128, value: i128) -> Result<i128, UpdateError> {
+        Ok(match operator {
+            Operator::Set => value,
+            Operator::Increment => old.checked_add(value).ok_or(UpdateError::Overflow)?,
+            Operator::Best => self.better(old, value),
+            Operator::Worst => self.worse(old, value),
+        })
+    }
+
     fn better(&self, a: i128, b: i128) -> i128 {
         match self.order {
             Order::Descending => a.max(b),
@@ -206,6 +216,29 @@ impl Season {
         }));
     }
 
+    /// Starts loading the tree leaves an update will touch (where the member is, and where its new score
+    /// goes), a few updates before it is applied; `found` is from [`Season::find_slots`].
+    pub fn prefetch_update(
+        &self,
+        config: &BoardConfig,
+        found: Option<u32>,
+        operator: Operator,
+        value: i128,
+    ) {
+        let Some(slot) = found else { return };
+        let old = self.slots[slot as usize].entry;
+        self.tree.prefetch_leaf(&old);
+        if let Ok(score) = config.combine(operator, config.score(old.key), value) {
+            // The newest tie-breaker sorts after every equal score, as `u64::MAX` does.
+            let new = Entry {
+                key: config.key(score),
+                tie: u64::MAX,
+                member: slot,
+            };
+            self.tree.prefetch_leaf(&new);
+        }
+    }
+
     /// [`Season::update`] with the member's slot found beforehand by [`Season::find_slots`] in the same
     /// batch. Slots are only freed by deletes, never inside a batch of updates, so a found slot is still
     /// the member's; `None` is looked up again, since an earlier update of the batch may have added it.
@@ -230,12 +263,7 @@ impl Season {
         };
         let old = self.slots[slot as usize].entry;
         let old_score = config.score(old.key);
-        let score = match operator {
-            Operator::Set => value,
-            Operator::Increment => old_score.checked_add(value).ok_or(UpdateError::Overflow)?,
-            Operator::Best => config.better(old_score, value),
-            Operator::Worst => config.worse(old_score, value),
-        };
+        let score = config.combine(operator, old_score, value)?;
         if score == old_score && config.ties == TiePolicy::First {
             // Still the same score, reached back then: the old tie-breaker stands.
             return Ok(score);

@@ -16,6 +16,9 @@ pub struct LeaderboardState {
     found_slots: Vec<Option<u32>>,
 }
 
+/// How many updates ahead a batch starts loading the tree leaves an update will touch.
+const PREFETCH_AHEAD: usize = 4;
+
 /// A different tie-breaker for every update of one command, from the command's one random draw.
 fn item_tie(random: u64, index: usize) -> u64 {
     let mut z = random.wrapping_add((index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
@@ -65,6 +68,11 @@ impl LeaderboardState {
                 Outcome::begin_updated(reply, season.number, items.len());
                 season.find_slots(items.iter().map(|item| item.member), &mut self.found_slots);
                 for (index, item) in items.iter().enumerate() {
+                    if let Some(ahead) = items.get(index + PREFETCH_AHEAD) {
+                        let operator = ahead.operator.unwrap_or(config.operator);
+                        let found = self.found_slots[index + PREFETCH_AHEAD];
+                        season.prefetch_update(&config, found, operator, ahead.value);
+                    }
                     let operator = item.operator.unwrap_or(config.operator);
                     let result = match season.update_found(
                         &config,

@@ -575,6 +575,12 @@ impl RankTree {
         .copied()
     }
 
+    /// Starts loading the leaf where `entry` lives (or would go) into the cache; the descent reads only
+    /// inner nodes, which are few and mostly cached.
+    pub fn prefetch_leaf(&self, entry: &Entry) {
+        self.descend(entry, &mut Path::default());
+    }
+
     fn new_leaf(&mut self, leaf: Leaf) -> u32 {
         if let Some(index) = self.free_leaves.pop() {
             self.leaves[index as usize] = leaf;
