@@ -1,6 +1,6 @@
 //! `POST /leaderboards/scores`: many updates on many boards in one request (the case study's bulk body).
 
-use super::parse::{Score, check_name, name_error, parse_body, parse_operator, valid_name};
+use super::parse::{Score, name_error, parse_body, parse_operator, valid_name};
 use super::{APP_NAME, UPDATES_PER_REQUEST_MAX, enqueue, internal, outcome};
 use crate::command::{Command, ItemResult, Outcome, UpdateItem};
 use axum::http::{HeaderMap, StatusCode};
@@ -81,10 +81,9 @@ pub(super) async fn bulk_update(
     let mut by_board: BTreeMap<&str, Vec<(usize, UpdateItem<'_>)>> = BTreeMap::new();
     let mut position = 0;
     for (b, board) in body.leaderboards.iter().enumerate() {
-        check_name(
-            &format!("leaderboards[{b}].leaderboardId"),
-            &board.leaderboard_id,
-        )?;
+        if !valid_name(&board.leaderboard_id) {
+            return Err(name_error(&format!("leaderboards[{b}].leaderboardId")));
+        }
         for (s, score) in board.scores.iter().enumerate() {
             if !valid_name(&score.member_id) {
                 return Err(name_error(&format!(

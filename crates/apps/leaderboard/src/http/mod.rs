@@ -42,6 +42,10 @@ fn internal(message: impl std::fmt::Display) -> ApiError {
     )
 }
 
+fn no_member(member: &str, board: &str) -> ApiError {
+    ApiError::not_found(format!("{member:?} has no score on board {board:?}"))
+}
+
 fn no_board(board: &str) -> ApiError {
     ApiError::not_found(format!(
         "no board {board:?}; create it with POST /leaderboards"
@@ -324,9 +328,7 @@ async fn member_standing(
     })
     .await?;
     let Some((season, standing)) = found else {
-        return Err(ApiError::not_found(format!(
-            "{member:?} has no score on board {board:?}"
-        )));
+        return Err(no_member(&member, &board));
     };
     Ok(json(
         StatusCode::OK,
@@ -352,9 +354,7 @@ async fn around(
     })
     .await?;
     let Some(page) = found else {
-        return Err(ApiError::not_found(format!(
-            "{member:?} has no score on board {board:?}"
-        )));
+        return Err(no_member(&member, &board));
     };
     let entries: Vec<Value> = page.iter().map(standing_json).collect();
     Ok(json(
@@ -409,7 +409,7 @@ async fn ranks(
         .zip(results)
         .map(|(board, result)| match result {
             Ok(Some((season, s))) => json!({"board": board, "season": season, "score": s.score.to_string(), "rank": s.rank}),
-            Ok(None) => json!({"board": board, "error": {"code": "not_found", "message": format!("{member:?} has no score on board {board:?}")}}),
+            Ok(None) => json!({"board": board, "error": {"code": "not_found", "message": no_member(&member, board).message}}),
             Err(error) => json!({"board": board, "error": {"code": error.code, "message": error.message}}),
         })
         .collect();
@@ -510,7 +510,7 @@ pub(crate) fn routes(engine: EngineHandle) -> Router {
                     let outcome = run(&delete, &headers, Command::DeleteMember { board: &board, member: &member }).await?;
                     let missing = match outcome {
                         Outcome::NoSuchBoard => no_board(&board),
-                        _ => ApiError::not_found(format!("{member:?} has no score on board {board:?}")),
+                        _ => no_member(&member, &board),
                     };
                     expect_deleted(outcome, missing)
                 })
