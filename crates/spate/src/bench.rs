@@ -102,6 +102,12 @@ pub struct Spawned {
     stream: String,
 }
 
+impl Spawned {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for Spawned {
     fn drop(&mut self) {
         // SIGTERM first so the server can stop cleanly; then make sure it is gone.
@@ -144,7 +150,7 @@ pub fn start_server(
 }
 
 /// User and system CPU seconds a process has used so far, from /proc.
-fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let after_name = &stat[stat.rfind(')').context("malformed /proc stat")? + 2..];
     let fields: Vec<&str> = after_name.split_whitespace().collect();

@@ -8,12 +8,13 @@
 //!    ZREVRANK at the peak's connection count, and pipelines of ZINCRBY as the bulk peer, once with
 //!    `appendfsync always` (durable before the reply, like spate) and once without persistence.
 
-use crate::bench::{BenchArgs, load_table, start_server};
+use crate::bench::{BenchArgs, cpu_seconds, load_table, start_server};
 use crate::load_cli::{LoadArgs, load_http, write_outputs};
 use anyhow::{Context, bail};
 use clap::Args;
 use serde_json::json;
 use spate_load::Report;
+use std::cell::{Cell, RefCell};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -37,6 +38,16 @@ const OPEN_LOOP_SHARES: [f64; 2] = [0.5, 0.8];
 struct Runner<'a> {
     args: &'a BenchArgs,
     out: &'a Path,
+    /// The process serving the current runs (spate, then each Redis), whose CPU time is measured.
+    server_pid: Cell<u32>,
+    /// CPU per request of each run: the currency on two cores shared by server and load generator.
+    cpu: RefCell<Vec<CpuUse>>,
+}
+
+struct CpuUse {
+    stem: String,
+    server_us_per_request: f64,
+    tool_us_per_request: f64,
 }
 
 impl Runner<'_> {
@@ -44,7 +55,19 @@ impl Runner<'_> {
         load.duration_s = self.args.duration_s;
         load.users = self.args.leaderboard.leaderboard_users;
         eprintln!("{stem}: {} {} ...", load.app, load.scenario);
+        let server_pid = self.server_pid.get();
+        let (server_before, tool_before) =
+            (cpu_seconds(server_pid)?, cpu_seconds(std::process::id())?);
         let report = load_http(&load)?;
+        let server_s = cpu_seconds(server_pid)? - server_before;
+        let tool_s = cpu_seconds(std::process::id())? - tool_before;
+        // The warm-up's requests used CPU too: count them at the measured rate.
+        let requests = report.achieved_rate_per_s * (report.measured_seconds + load.warmup_s);
+        self.cpu.borrow_mut().push(CpuUse {
+            stem: stem.to_string(),
+            server_us_per_request: server_s * 1e6 / requests,
+            tool_us_per_request: tool_s * 1e6 / requests,
+        });
         write_outputs(&report, self.out, stem)?;
         Ok(report)
     }
@@ -131,10 +154,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
     let runner = Runner {
         args,
         out: &args.out,
+        server_pid: Cell::new(0),
+        cpu: RefCell::new(Vec::new()),
     };
     let batch = settings.leaderboard_batch;
     let data_dir = tempfile::tempdir()?;
     let server = start_server(data_dir.path(), "leaderboard", args.fraud.partitions)?;
+    runner.server_pid.set(server.pid());
     let mut closed = Vec::new();
     for &connections in &settings.leaderboard_connections {
         let mut load = LoadArgs::new("leaderboard", "updates", &server.http);
@@ -181,6 +207,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
             ("in memory", &["--appendonly", "no"][..]),
         ] {
             let redis = start_redis(binary, persistence)?;
+            runner.server_pid.set(redis.child.id());
             let mut load = LoadArgs::new("redis", "zincrby", &redis.target);
             load.connections = peak_connections;
             load.batch = 1;
@@ -230,6 +257,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
         .map(|(l, r, s)| (l.as_str(), *r, s.as_str()))
         .collect();
     text += &load_table(&table_rows);
+    text += "\nCPU per request (server process, and this load generator, over each run including its warm-up):\n\n\
+             | run | server CPU per request | load generator CPU per request |\n|---|---:|---:|\n";
+    for cpu in runner.cpu.borrow().iter() {
+        text += &format!(
+            "| {} | {:.0} µs | {:.0} µs |\n",
+            cpu.stem, cpu.server_us_per_request, cpu.tool_us_per_request
+        );
+    }
 
     let bulk_updates_per_s = bulk_closed.ok_rate_per_s * batch as f64;
     text += &format!(
