@@ -241,36 +241,27 @@ impl<'a> Chunked<'a> {
     }
 }
 
-impl Put for Chunked<'_> {
-    fn put_u8(&mut self, v: u8) {
-        self.buffer.put_u8(v);
-        self.after_put();
-    }
-    fn put_u16(&mut self, v: u16) {
-        self.buffer.put_u16(v);
-        self.after_put();
-    }
-    fn put_u32(&mut self, v: u32) {
-        self.buffer.put_u32(v);
-        self.after_put();
-    }
-    fn put_u64(&mut self, v: u64) {
-        self.buffer.put_u64(v);
-        self.after_put();
-    }
-    fn put_u128(&mut self, v: u128) {
-        self.buffer.put_u128(v);
-        self.after_put();
-    }
-    fn put_i128(&mut self, v: i128) {
-        self.buffer.put_i128(v);
-        self.after_put();
-    }
-    fn put_bytes(&mut self, v: &[u8]) {
-        self.buffer.put_bytes(v);
-        self.after_put();
-    }
+/// Each put goes to the buffer, which is drained once a piece is full.
+macro_rules! forward_puts {
+    ($($method:ident($type:ty)),*) => {
+        impl Put for Chunked<'_> {
+            $(fn $method(&mut self, v: $type) {
+                self.buffer.$method(v);
+                self.after_put();
+            })*
+        }
+    };
 }
+
+forward_puts!(
+    put_u8(u8),
+    put_u16(u16),
+    put_u32(u32),
+    put_u64(u64),
+    put_u128(u128),
+    put_i128(i128),
+    put_bytes(&[u8])
+);
 
 #[cfg(test)]
 mod tests {
