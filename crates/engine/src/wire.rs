@@ -137,6 +137,9 @@ pub trait WriteLe: std::io::Write {
     fn write_u8_le(&mut self, v: u8) -> std::io::Result<()> {
         self.write_all(&[v])
     }
+    fn write_u16_le(&mut self, v: u16) -> std::io::Result<()> {
+        self.write_all(&v.to_le_bytes())
+    }
     fn write_u32_le(&mut self, v: u32) -> std::io::Result<()> {
         self.write_all(&v.to_le_bytes())
     }
@@ -163,6 +166,9 @@ pub trait ReadLe: std::io::Read {
     }
     fn read_u8_le(&mut self) -> std::io::Result<u8> {
         Ok(self.read_le_array::<1>()?[0])
+    }
+    fn read_u16_le(&mut self) -> std::io::Result<u16> {
+        Ok(u16::from_le_bytes(self.read_le_array()?))
     }
     fn read_u32_le(&mut self) -> std::io::Result<u32> {
         Ok(u32::from_le_bytes(self.read_le_array()?))

@@ -50,6 +50,9 @@ pub struct ServeArgs {
     /// Records applied between two snapshots of a partition [default: 1000000]
     #[arg(long, env = "SPATE_SNAPSHOT_INTERVAL_RECORDS")]
     snapshot_interval_records: Option<u64>,
+    /// Records a projection applies between two checkpoints of its read model [default: 1000000]
+    #[arg(long, env = "SPATE_PROJECTION_CHECKPOINT_INTERVAL_RECORDS")]
+    projection_checkpoint_interval_records: Option<u64>,
     /// Requests waiting per partition before 503 [default: 16384]
     #[arg(long, env = "SPATE_QUEUE_CAPACITY")]
     queue_capacity: Option<usize>,
@@ -69,6 +72,21 @@ pub struct ServeArgs {
     /// fraud: most transactions kept per card [default: 32]
     #[arg(long, env = "SPATE_FRAUD_ENTRIES_PER_CARD")]
     fraud_entries_per_card: Option<usize>,
+    /// ski: accepted resortIDs, MIN-MAX [default: 1-10]
+    #[arg(long, env = "SPATE_SKI_RESORTS")]
+    ski_resorts: Option<String>,
+    /// ski: accepted seasonIDs, MIN-MAX [default: 1900-2100]
+    #[arg(long, env = "SPATE_SKI_SEASONS")]
+    ski_seasons: Option<String>,
+    /// ski: accepted skierIDs, MIN-MAX [default: 1-100000]
+    #[arg(long, env = "SPATE_SKI_SKIERS")]
+    ski_skiers: Option<String>,
+    /// ski: accepted liftIDs, MIN-MAX [default: 1-40]
+    #[arg(long, env = "SPATE_SKI_LIFTS")]
+    ski_lifts: Option<String>,
+    /// ski: accepted ride times, MIN-MAX [default: 1-360]
+    #[arg(long, env = "SPATE_SKI_TIMES")]
+    ski_times: Option<String>,
 }
 
 /// Options of individual apps, resolved like the engine's.
@@ -76,12 +94,14 @@ pub struct AppOptions {
     fraud_stream_listen: Option<SocketAddr>,
     fraud_key_file: PathBuf,
     fraud_entries_per_card: usize,
+    ski: spate_ski::SkiConfig,
 }
 
 /// Every app this binary can run, by name.
 const APPS: &[&str] = &[
     spate_fraud::APP_NAME,
     spate_leaderboard::APP_NAME,
+    spate_ski::APP_NAME,
     spate_tally::APP_NAME,
 ];
 
@@ -91,6 +111,7 @@ pub fn modules(names: &[String], options: &AppOptions) -> anyhow::Result<Vec<App
         .map(|name| match name.as_str() {
             spate_tally::APP_NAME => Ok(spate_tally::module()),
             spate_leaderboard::APP_NAME => Ok(spate_leaderboard::module()),
+            spate_ski::APP_NAME => Ok(spate_ski::module(options.ski)),
             spate_fraud::APP_NAME => {
                 let key = spate_fraud::cipher::load_or_create_key(&options.fraud_key_file)
                     .with_context(|| {
@@ -131,14 +152,21 @@ impl ServeArgs {
                 segment_bytes,
                 flush_interval_us,
                 snapshot_interval_records,
+                projection_checkpoint_interval_records,
                 queue_capacity,
                 idempotency_window_ms,
                 idempotency_entries_max,
                 fraud_stream_listen,
                 fraud_key_file,
-                fraud_entries_per_card
+                fraud_entries_per_card,
+                ski_resorts,
+                ski_seasons,
+                ski_skiers,
+                ski_lifts,
+                ski_times
             );
         }
+        let ski = self.ski_config()?;
         let data_dir = self.data_dir.unwrap_or_else(|| PathBuf::from("./data"));
         let fraud_stream_listen = match self.fraud_stream_listen.as_deref() {
             None => Some(SocketAddr::from(([127, 0, 0, 1], 8090))),
@@ -162,6 +190,7 @@ impl ServeArgs {
                 .fraud_key_file
                 .unwrap_or_else(|| data_dir.join("fraud.key")),
             fraud_entries_per_card: entries_per_card,
+            ski,
         };
         let mut engine = EngineConfig::new(data_dir);
         if let Some(partitions) = self.partitions {
@@ -183,6 +212,9 @@ impl ServeArgs {
         if let Some(records) = self.snapshot_interval_records {
             engine.snapshot_interval_records = records.max(1);
         }
+        if let Some(records) = self.projection_checkpoint_interval_records {
+            engine.projection_checkpoint_interval_records = records.max(1);
+        }
         if let Some(capacity) = self.queue_capacity {
             engine.queue_capacity = capacity.max(1);
         }
@@ -199,5 +231,22 @@ impl ServeArgs {
             .apps
             .unwrap_or_else(|| APPS.iter().map(|s| s.to_string()).collect());
         Ok((ServerConfig { listen, engine }, apps, app_options))
+    }
+
+    fn ski_config(&self) -> anyhow::Result<spate_ski::SkiConfig> {
+        let mut ski = spate_ski::SkiConfig::default();
+        for (option, text, bounds) in [
+            ("--ski-resorts", &self.ski_resorts, &mut ski.resorts),
+            ("--ski-seasons", &self.ski_seasons, &mut ski.seasons),
+            ("--ski-skiers", &self.ski_skiers, &mut ski.skiers),
+            ("--ski-lifts", &self.ski_lifts, &mut ski.lifts),
+            ("--ski-times", &self.ski_times, &mut ski.times),
+        ] {
+            if let Some(text) = text {
+                *bounds = spate_ski::Bounds::parse(text).map_err(|e| anyhow::anyhow!("{option}: {e}"))?;
+            }
+        }
+        ski.check().map_err(anyhow::Error::msg)?;
+        Ok(ski)
     }
 }
