@@ -243,7 +243,8 @@ impl ServeArgs {
             ("--ski-times", &self.ski_times, &mut ski.times),
         ] {
             if let Some(text) = text {
-                *bounds = spate_ski::Bounds::parse(text).map_err(|e| anyhow::anyhow!("{option}: {e}"))?;
+                *bounds =
+                    spate_ski::Bounds::parse(text).map_err(|e| anyhow::anyhow!("{option}: {e}"))?;
             }
         }
         ski.check().map_err(anyhow::Error::msg)?;

@@ -26,7 +26,10 @@ pub fn vertical_of(lift: u16) -> u64 {
 pub enum Command {
     Ride(Ride),
     /// Adds a season to a resort's list; routed to the resort's partition.
-    AddSeason { resort: u16, season: u16 },
+    AddSeason {
+        resort: u16,
+        season: u16,
+    },
 }
 
 const RIDE: u8 = 0;

@@ -239,7 +239,10 @@ impl Ski {
                 state.seasons(resort)
             })
             .await?;
-        let model = self.model.read().expect("the ride model lock is never poisoned");
+        let model = self
+            .model
+            .read()
+            .expect("the ride model lock is never poisoned");
         Ok(added
             .into_iter()
             .chain(model.seasons_with_rides(resort))
@@ -271,7 +274,14 @@ struct LiftRideBody {
     _wait_time: Option<IgnoredAny>,
 }
 
+/// Parses a JSON object body. serde would also read a struct from an array of its fields in order;
+/// the spec's bodies are objects, so anything else is refused.
 fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, SkiError> {
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return Err(SkiError::bad_request(
+            "invalid JSON body: expected a JSON object",
+        ));
+    }
     serde_json::from_slice(body)
         .map_err(|e| SkiError::bad_request(format!("invalid JSON body: {e}")))
 }
@@ -322,7 +332,10 @@ async fn get_day_vertical(
     let season = ski.season("seasonID", &season)?;
     let day = ski.day(&day)?;
     let skier = ski.skier(&skier)?;
-    let model = ski.model.read().expect("the ride model lock is never poisoned");
+    let model = ski
+        .model
+        .read()
+        .expect("the ride model lock is never poisoned");
     match model.day_vertical(resort, season, day, skier) {
         Some(vertical) => Ok(Json(vertical).into_response()),
         None => Err(SkiError::not_found(format!(
@@ -480,7 +493,10 @@ async fn get_lifts(
     let skier = ski.skier(&skier)?;
     let season = ski.season("seasonID", &season)?;
     let day = ski.day(&day)?;
-    let model = ski.model.read().expect("the ride model lock is never poisoned");
+    let model = ski
+        .model
+        .read()
+        .expect("the ride model lock is never poisoned");
     let Some(rides) = model.lifts(skier, season, day) else {
         return Err(SkiError::not_found(format!(
             "no rides for skier {skier} on day {day} of season {season}"
@@ -537,6 +553,9 @@ pub(crate) fn routes(engine: EngineHandle, model: SharedModel, config: SkiConfig
         .route(LIFTS_ROUTE, get(get_lifts))
         .route("/statistics", get(get_statistics))
         .route("/ski/lag", get(get_lag))
-        .route_layer(axum::middleware::from_fn_with_state(stats, crate::stats::record))
+        .route_layer(axum::middleware::from_fn_with_state(
+            stats,
+            crate::stats::record,
+        ))
         .with_state(ski)
 }

@@ -124,7 +124,11 @@ impl RideModel {
     }
 
     pub fn seasons_with_rides(&self, resort: u16) -> impl Iterator<Item = u16> + '_ {
-        self.ride_seasons.get(&resort).into_iter().flatten().copied()
+        self.ride_seasons
+            .get(&resort)
+            .into_iter()
+            .flatten()
+            .copied()
     }
 
     /// Writes the rides; the indexes are rebuilt from them on restore.
@@ -180,8 +184,7 @@ impl RideProjection {
 
 impl Projection for RideProjection {
     fn apply(&mut self, _partition: PartitionId, _lsn: Lsn, _timestamp_ms: u64, event: &[u8]) {
-        let ride =
-            Ride::decode_event(event).expect("ski emits only the ride commands it decoded");
+        let ride = Ride::decode_event(event).expect("ski emits only the ride commands it decoded");
         self.model
             .write()
             .expect("the ride model lock is never poisoned")
@@ -212,16 +215,22 @@ mod tests {
 
     fn rides() -> impl Strategy<Value = Vec<Ride>> {
         // Small ranges, so skiers, days and resorts repeat.
-        let ride = (1u16..4, 2020u16..2023, 1u16..5, 1u32..6, 1u16..361, 1u16..41).prop_map(
-            |(resort, season, day, skier, time, lift)| Ride {
+        let ride = (
+            1u16..4,
+            2020u16..2023,
+            1u16..5,
+            1u32..6,
+            1u16..361,
+            1u16..41,
+        )
+            .prop_map(|(resort, season, day, skier, time, lift)| Ride {
                 resort,
                 season,
                 day,
                 skier,
                 time,
                 lift,
-            },
-        );
+            });
         proptest::collection::vec(ride, 0..300)
     }
 

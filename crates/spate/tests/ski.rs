@@ -1,0 +1,861 @@
+//! The ski app against the real server: every operation of the spec and its errors, read models checked
+//! against what a random workload implies (before and after a restart), and a kill -9 crash test.
+
+mod support;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use support::{Server, agent, eventually, get};
+
+fn start(dir: &std::path::Path) -> Server {
+    Server::start(dir, &["--apps", "ski"], None)
+}
+
+/// Snapshots and projection checkpoints every few hundred records, with small segments, so a restart
+/// restores both from files and replays only the journal after them.
+fn start_checkpointing(dir: &std::path::Path) -> Server {
+    let small = [
+        "--apps",
+        "ski",
+        "--snapshot-interval-records",
+        "300",
+        "--projection-checkpoint-interval-records",
+        "500",
+        "--segment-bytes",
+        "32768",
+    ];
+    Server::start(dir, &small, None)
+}
+
+/// Sends `body` as it is, with `content_type` if given; `Err` only when no HTTP answer came.
+fn post_raw(
+    agent: &ureq::Agent,
+    url: &str,
+    content_type: Option<&str>,
+    key: Option<&str>,
+    body: &[u8],
+) -> Result<(u16, Value), ureq::Error> {
+    let mut request = agent.post(url);
+    if let Some(content_type) = content_type {
+        request = request.header("content-type", content_type);
+    }
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", key);
+    }
+    let mut response = request.send(body)?;
+    let status = response.status().as_u16();
+    let value = response
+        .body_mut()
+        .read_json::<Value>()
+        .unwrap_or(Value::Null);
+    Ok((status, value))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Ride {
+    resort: u32,
+    season: u32,
+    day: u32,
+    skier: u32,
+    time: u32,
+    lift: u32,
+}
+
+impl Ride {
+    fn url(&self, base: &str) -> String {
+        format!(
+            "{base}/skiers/{}/seasons/{}/days/{}/skiers/{}",
+            self.resort, self.season, self.day, self.skier
+        )
+    }
+
+    fn body(&self) -> Vec<u8> {
+        serde_json::to_vec(&json!({"time": self.time, "liftID": self.lift})).unwrap()
+    }
+}
+
+fn post_ride(agent: &ureq::Agent, base: &str, ride: &Ride, key: Option<&str>) -> u16 {
+    let url = ride.url(base);
+    post_raw(agent, &url, Some("application/json"), key, &ride.body())
+        .expect("the server answers")
+        .0
+}
+
+fn rides_in_model(agent: &ureq::Agent, base: &str) -> u64 {
+    let (status, lag) = get(agent, &format!("{base}/ski/lag"));
+    assert_eq!(status, 200, "{lag}");
+    lag["rides"].as_u64().unwrap()
+}
+
+/// Waits until the read model holds `rides` rides and the projection has no lag.
+fn wait_for_model(agent: &ureq::Agent, base: &str, rides: u64) {
+    let caught_up = eventually(Duration::from_secs(10), || {
+        let lag = get(agent, &format!("{base}/ski/lag")).1;
+        lag["rides"] == json!(rides) && lag["lagRecords"] == json!(0)
+    });
+    assert!(
+        caught_up,
+        "the read model did not reach {rides} rides: {}",
+        get(agent, &format!("{base}/ski/lag")).1
+    );
+}
+
+fn vertical(lift: u32) -> u64 {
+    u64::from(lift) * 10
+}
+
+#[test]
+fn every_operation_of_the_spec_and_ours() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path());
+    let base = &server.base;
+    let agent = agent();
+
+    let resorts = get(&agent, &format!("{base}/resorts")).1;
+    let listed: Vec<u64> = resorts["resorts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["resortID"].as_u64().unwrap())
+        .collect();
+    assert_eq!(listed, (1..=10).collect::<Vec<_>>());
+    assert_eq!(resorts["resorts"][2]["resortName"], "Resort 3");
+    assert_eq!(
+        get(&agent, &format!("{base}/resorts/3/seasons")),
+        (200, json!({"seasons": []}))
+    );
+
+    // A spec client's POST: JSON under any content type (or none), with or without waitTime.
+    let ride = |day, skier, time, lift| Ride {
+        resort: 3,
+        season: 2022,
+        day,
+        skier,
+        time,
+        lift,
+    };
+    let first = ride(1, 77, 217, 21);
+    for (content_type, body) in [
+        (Some("application/json"), first.body()),
+        (
+            Some("text/plain"),
+            br#"{"time": 100, "liftID": 5, "waitTime": 3}"#.to_vec(),
+        ),
+        (None, br#"{"liftID": 40, "time": 360}"#.to_vec()),
+    ] {
+        let (status, reply) =
+            post_raw(&agent, &first.url(base), content_type, None, &body).unwrap();
+        assert_eq!(status, 201, "{content_type:?}: {reply}");
+    }
+    assert_eq!(post_ride(&agent, base, &ride(2, 77, 10, 7), None), 201);
+    assert_eq!(post_ride(&agent, base, &ride(1, 78, 11, 1), None), 201);
+    wait_for_model(&agent, base, 5);
+
+    let day_vertical = get(&agent, &first.url(base));
+    assert_eq!(day_vertical, (200, json!(210 + 50 + 400)));
+    let (status, missing) = get(&agent, &ride(3, 77, 1, 1).url(base));
+    assert_eq!(status, 404);
+    assert!(missing["message"].as_str().unwrap().contains("no rides"));
+
+    assert_eq!(
+        get(
+            &agent,
+            &format!("{base}/resorts/3/seasons/2022/day/1/skiers")
+        ),
+        (200, json!({"time": "Resort 3", "numSkiers": 2}))
+    );
+    assert_eq!(
+        get(
+            &agent,
+            &format!("{base}/resorts/3/seasons/2022/day/9/skiers")
+        ),
+        (200, json!({"time": "Resort 3", "numSkiers": 0}))
+    );
+    assert_eq!(
+        get(&agent, &format!("{base}/skiers/77/vertical?resort=3")),
+        (
+            200,
+            json!({"resorts": [{"seasonID": "2022", "totalVert": 660 + 70}]})
+        )
+    );
+    assert_eq!(
+        get(
+            &agent,
+            &format!("{base}/skiers/77/vertical?resort=3&season=2021")
+        )
+        .0,
+        404
+    );
+    assert_eq!(
+        get(&agent, &format!("{base}/skiers/77/seasons/2022/days")),
+        (
+            200,
+            json!({"skierID": 77, "seasonID": "2022", "daysSkied": 2, "days": [
+                {"dayID": 1, "rides": 3, "vertical": 660},
+                {"dayID": 2, "rides": 1, "vertical": 70},
+            ]})
+        )
+    );
+    let lifts = get(
+        &agent,
+        &format!("{base}/skiers/77/seasons/2022/days/1/lifts"),
+    )
+    .1;
+    assert_eq!(lifts["vertical"], 660);
+    assert_eq!(
+        lifts["lifts"],
+        json!([
+            {"resortID": 3, "time": 217, "liftID": 21, "vertical": 210},
+            {"resortID": 3, "time": 100, "liftID": 5, "vertical": 50},
+            {"resortID": 3, "time": 360, "liftID": 40, "vertical": 400},
+        ])
+    );
+
+    // Seasons: added ones at once (read from the resort's partition), plus those with rides.
+    let seasons_url = format!("{base}/resorts/3/seasons");
+    for body in [
+        json!({"year": "2019"}),
+        json!({"year": 2020}),
+        json!({"year": "2019"}),
+    ] {
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let (status, reply) = post_raw(&agent, &seasons_url, None, None, &bytes).unwrap();
+        assert_eq!(status, 201, "{body}: {reply}");
+    }
+    assert_eq!(
+        get(&agent, &seasons_url),
+        (200, json!({"seasons": ["2019", "2020", "2022"]}))
+    );
+    assert_eq!(
+        get(&agent, &format!("{base}/resorts/4/seasons")),
+        (200, json!({"seasons": []}))
+    );
+
+    // An Idempotency-Key makes a retried ride count once; reused with another body it is refused.
+    let keyed = ride(5, 90, 1, 2);
+    assert_eq!(post_ride(&agent, base, &keyed, Some("k1")), 201);
+    assert_eq!(post_ride(&agent, base, &keyed, Some("k1")), 201);
+    assert_eq!(post_ride(&agent, base, &ride(5, 90, 2, 2), Some("k1")), 422);
+    wait_for_model(&agent, base, 6);
+    assert_eq!(get(&agent, &keyed.url(base)), (200, json!(20)));
+
+    let stats = get(&agent, &format!("{base}/statistics")).1;
+    let rows = stats["endpointStats"].as_array().unwrap();
+    let post_stats = rows
+        .iter()
+        .find(|r| {
+            r["operation"] == "POST"
+                && r["URL"] == "/skiers/{resortID}/seasons/{seasonID}/days/{dayID}/skiers/{skierID}"
+        })
+        .expect("POST ride statistics");
+    // Seven answered 201 (one of them a keyed retry), one 422.
+    assert_eq!(post_stats["count"], 8, "{stats}");
+    assert!(
+        post_stats["maxMicros"].as_u64().unwrap() >= post_stats["meanMicros"].as_u64().unwrap()
+    );
+    assert!(post_stats["mean"].is_u64() && post_stats["max"].is_u64());
+    assert!(
+        rows.iter()
+            .any(|r| r["URL"] == "/resorts" && r["operation"] == "GET" && r["count"] == 1)
+    );
+}
+
+#[test]
+fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path());
+    let base = &server.base;
+    let agent = agent();
+    let good = Ride {
+        resort: 1,
+        season: 2022,
+        day: 1,
+        skier: 1,
+        time: 1,
+        lift: 1,
+    };
+    assert_eq!(post_ride(&agent, base, &good, None), 201);
+    wait_for_model(&agent, base, 1);
+    let ride_path = |resort: &str, season: &str, day: &str, skier: &str| {
+        format!("/skiers/{resort}/seasons/{season}/days/{day}/skiers/{skier}")
+    };
+    let ok_body = r#"{"time": 5, "liftID": 5}"#;
+    // (method, path, body, status, words the message must contain)
+    let cases: Vec<(&str, String, &str, u16, &str)> = vec![
+        (
+            "POST",
+            ride_path("0", "2022", "1", "1"),
+            ok_body,
+            400,
+            "resortID must be from 1 to 10",
+        ),
+        (
+            "POST",
+            ride_path("11", "2022", "1", "1"),
+            ok_body,
+            400,
+            "resortID",
+        ),
+        (
+            "POST",
+            ride_path("x", "2022", "1", "1"),
+            ok_body,
+            400,
+            "resortID must be an integer",
+        ),
+        (
+            "POST",
+            ride_path("1", "1899", "1", "1"),
+            ok_body,
+            400,
+            "seasonID",
+        ),
+        (
+            "POST",
+            ride_path("1", "twenty", "1", "1"),
+            ok_body,
+            400,
+            "seasonID must be an integer",
+        ),
+        (
+            "POST",
+            ride_path("1", "2022", "0", "1"),
+            ok_body,
+            400,
+            "dayID must be from 1 to 366",
+        ),
+        (
+            "POST",
+            ride_path("1", "2022", "367", "1"),
+            ok_body,
+            400,
+            "dayID",
+        ),
+        (
+            "POST",
+            ride_path("1", "2022", "1", "0"),
+            ok_body,
+            400,
+            "skierID",
+        ),
+        (
+            "POST",
+            ride_path("1", "2022", "1", "100001"),
+            ok_body,
+            400,
+            "skierID must be from 1 to 100000",
+        ),
+        (
+            "POST",
+            ride_path("1", "2022", "1", "99999999999999999999"),
+            ok_body,
+            400,
+            "skierID must be an integer",
+        ),
+        (
+            "POST",
+            ride_path("1", "2022", "1", "1"),
+            r#"{"time": 0, "liftID": 5}"#,
+            400,
+            "time must be from 1 to 360",
+        ),
+        (
+            "POST",
+            ride_path("1", "2022", "1", "1"),
+            r#"{"time": 361, "liftID": 5}"#,
+            400,
+            "time",
+        ),
+        (
+            "POST",
+            ride_path("1", "2022", "1", "1"),
+            r#"{"time": 5, "liftID": 41}"#,
+            400,
+            "liftID must be from 1 to 40",
+        ),
+        (
+            "POST",
+            ride_path("1", "2022", "1", "1"),
+            r#"{"time": 5, "liftID": -1}"#,
+            400,
+            "liftID",
+        ),
+        (
+            "POST",
+            ride_path("1", "2022", "1", "1"),
+            r#"{"time": 5.5, "liftID": 5}"#,
+            400,
+            "invalid JSON body",
+        ),
+        (
+            "POST",
+            ride_path("1", "2022", "1", "1"),
+            r#"{"time": 5}"#,
+            400,
+            "liftID",
+        ),
+        (
+            "POST",
+            ride_path("1", "2022", "1", "1"),
+            r#"{"time": 5, "liftID": 5, "lift": 5}"#,
+            400,
+            "unknown field",
+        ),
+        (
+            "POST",
+            ride_path("1", "2022", "1", "1"),
+            r#"{"time": 5, "liftID""#,
+            400,
+            "invalid JSON body",
+        ),
+        (
+            "POST",
+            ride_path("1", "2022", "1", "1"),
+            "",
+            400,
+            "invalid JSON body",
+        ),
+        (
+            "POST",
+            ride_path("1", "2022", "1", "1"),
+            "[5, 5]",
+            400,
+            "invalid JSON body",
+        ),
+        ("GET", ride_path("1", "2022", "1", "0"), "", 400, "skierID"),
+        ("GET", ride_path("1", "2022", "400", "1"), "", 400, "dayID"),
+        (
+            "GET",
+            ride_path("1", "2022", "1", "2"),
+            "",
+            404,
+            "no rides for skier 2",
+        ),
+        (
+            "GET",
+            "/resorts/abc/seasons".into(),
+            "",
+            400,
+            "resortID must be an integer",
+        ),
+        (
+            "GET",
+            "/resorts/11/seasons".into(),
+            "",
+            404,
+            "resort 11 not found",
+        ),
+        (
+            "POST",
+            "/resorts/0/seasons".into(),
+            r#"{"year": "2019"}"#,
+            404,
+            "resort 0 not found",
+        ),
+        (
+            "POST",
+            "/resorts/1/seasons".into(),
+            r#"{"year": "19"}"#,
+            400,
+            "4-character year",
+        ),
+        (
+            "POST",
+            "/resorts/1/seasons".into(),
+            r#"{"year": "20x9"}"#,
+            400,
+            "year must be an integer",
+        ),
+        (
+            "POST",
+            "/resorts/1/seasons".into(),
+            r#"{"year": 2101}"#,
+            400,
+            "year must be from 1900 to 2100",
+        ),
+        ("POST", "/resorts/1/seasons".into(), r#"{}"#, 400, "year"),
+        (
+            "POST",
+            "/resorts/1/seasons".into(),
+            r#"{"year": "2019", "x": 1}"#,
+            400,
+            "unknown field",
+        ),
+        (
+            "GET",
+            "/resorts/1/seasons/2022/day/0/skiers".into(),
+            "",
+            400,
+            "dayID",
+        ),
+        (
+            "GET",
+            "/resorts/1/seasons/abc/day/1/skiers".into(),
+            "",
+            400,
+            "seasonID",
+        ),
+        (
+            "GET",
+            "/resorts/12/seasons/2022/day/1/skiers".into(),
+            "",
+            404,
+            "resort 12 not found",
+        ),
+        (
+            "GET",
+            "/skiers/1/vertical".into(),
+            "",
+            400,
+            "exactly one resort",
+        ),
+        (
+            "GET",
+            "/skiers/1/vertical?resort=1&resort=2".into(),
+            "",
+            400,
+            "exactly one resort",
+        ),
+        (
+            "GET",
+            "/skiers/1/vertical?resort=99".into(),
+            "",
+            400,
+            "resort must be from 1 to 10",
+        ),
+        (
+            "GET",
+            "/skiers/1/vertical?resort=1&season=x".into(),
+            "",
+            400,
+            "season must be an integer",
+        ),
+        (
+            "GET",
+            "/skiers/1/vertical?resort=1&colour=red".into(),
+            "",
+            400,
+            "unknown query parameter",
+        ),
+        (
+            "GET",
+            "/skiers/0/vertical?resort=1".into(),
+            "",
+            400,
+            "skierID",
+        ),
+        (
+            "GET",
+            "/skiers/2/vertical?resort=1".into(),
+            "",
+            404,
+            "no rides for skier 2",
+        ),
+        (
+            "GET",
+            "/skiers/1/seasons/2022/days/1/lifts".into(),
+            "",
+            200,
+            "",
+        ),
+        (
+            "GET",
+            "/skiers/1/seasons/2022/days/2/lifts".into(),
+            "",
+            404,
+            "no rides for skier 1 on day 2",
+        ),
+        (
+            "GET",
+            "/skiers/1/seasons/20222/days".into(),
+            "",
+            400,
+            "seasonID",
+        ),
+    ];
+    for (method, path, body, status, words) in cases {
+        let url = format!("{base}{path}");
+        let (got, reply) = if method == "GET" {
+            get(&agent, &url)
+        } else {
+            post_raw(
+                &agent,
+                &url,
+                Some("application/json"),
+                None,
+                body.as_bytes(),
+            )
+            .unwrap()
+        };
+        assert_eq!(got, status, "{method} {path} {body}: {reply}");
+        if status >= 400 {
+            let message = reply["message"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{method} {path}: {reply}"));
+            assert!(
+                message.contains(words),
+                "{method} {path}: {message:?} lacks {words:?}"
+            );
+        }
+    }
+    // An oversized body is refused before it is read.
+    let huge = vec![b' '; 5 << 20];
+    let (status, _) = post_raw(&agent, &good.url(base), None, None, &huge).unwrap();
+    assert_eq!(status, 413);
+
+    assert_eq!(rides_in_model(&agent, base), 1);
+    assert_eq!(get(&agent, &good.url(base)), (200, json!(10)));
+    assert_eq!(
+        get(&agent, &format!("{base}/resorts/1/seasons")),
+        (200, json!({"seasons": ["2022"]}))
+    );
+    assert_eq!(get(&agent, &format!("{base}/health")).0, 200);
+}
+
+/// Everything the read model should answer about `rides`, asked and compared.
+fn check_model(agent: &ureq::Agent, base: &str, rides: &[Ride]) {
+    let mut days: BTreeMap<(u32, u32, u32), Vec<Ride>> = BTreeMap::new();
+    let mut unique: BTreeMap<(u32, u32, u32), BTreeSet<u32>> = BTreeMap::new();
+    let mut totals: BTreeMap<(u32, u32), BTreeMap<u32, u64>> = BTreeMap::new();
+    for ride in rides {
+        days.entry((ride.skier, ride.season, ride.day))
+            .or_default()
+            .push(*ride);
+        unique
+            .entry((ride.resort, ride.season, ride.day))
+            .or_default()
+            .insert(ride.skier);
+        *totals
+            .entry((ride.skier, ride.resort))
+            .or_default()
+            .entry(ride.season)
+            .or_default() += vertical(ride.lift);
+    }
+    for ((skier, season, day), those) in &days {
+        let lifts = get(
+            agent,
+            &format!("{base}/skiers/{skier}/seasons/{season}/days/{day}/lifts"),
+        )
+        .1;
+        let mut got: Vec<(u64, u64, u64)> = lifts["lifts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                (
+                    l["resortID"].as_u64().unwrap(),
+                    l["time"].as_u64().unwrap(),
+                    l["liftID"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        let mut want: Vec<(u64, u64, u64)> = those
+            .iter()
+            .map(|r| (r.resort.into(), r.time.into(), r.lift.into()))
+            .collect();
+        got.sort();
+        want.sort();
+        assert_eq!(got, want, "lifts of skier {skier} on day {day} of {season}");
+        let by_resort: BTreeSet<u32> = those.iter().map(|r| r.resort).collect();
+        for resort in by_resort {
+            let sum: u64 = those
+                .iter()
+                .filter(|r| r.resort == resort)
+                .map(|r| vertical(r.lift))
+                .sum();
+            let url = format!("{base}/skiers/{resort}/seasons/{season}/days/{day}/skiers/{skier}");
+            assert_eq!(get(agent, &url), (200, json!(sum)), "{url}");
+        }
+    }
+    let skier_seasons: BTreeSet<(u32, u32)> = days
+        .keys()
+        .map(|&(skier, season, _)| (skier, season))
+        .collect();
+    for (skier, season) in skier_seasons {
+        let reply = get(
+            agent,
+            &format!("{base}/skiers/{skier}/seasons/{season}/days"),
+        )
+        .1;
+        let want: Vec<Value> = days
+            .range((skier, season, 0)..=(skier, season, u32::MAX))
+            .map(|(&(_, _, day), those)| {
+                json!({"dayID": day, "rides": those.len(), "vertical": those.iter().map(|r| vertical(r.lift)).sum::<u64>()})
+            })
+            .collect();
+        assert_eq!(reply["daysSkied"], json!(want.len()));
+        assert_eq!(
+            reply["days"],
+            json!(want),
+            "days of skier {skier} in {season}"
+        );
+    }
+    for ((resort, season, day), skiers) in &unique {
+        let reply = get(
+            agent,
+            &format!("{base}/resorts/{resort}/seasons/{season}/day/{day}/skiers"),
+        )
+        .1;
+        assert_eq!(
+            reply["numSkiers"],
+            json!(skiers.len()),
+            "{resort}/{season}/{day}"
+        );
+    }
+    for ((skier, resort), per_season) in &totals {
+        let reply = get(
+            agent,
+            &format!("{base}/skiers/{skier}/vertical?resort={resort}"),
+        )
+        .1;
+        let want: Vec<Value> = per_season
+            .iter()
+            .map(|(season, total)| json!({"seasonID": season.to_string(), "totalVert": total}))
+            .collect();
+        assert_eq!(
+            reply["resorts"],
+            json!(want),
+            "skier {skier} at resort {resort}"
+        );
+    }
+}
+
+#[test]
+fn read_models_equal_what_a_random_workload_implies_before_and_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_checkpointing(dir.path());
+    let base = server.base.clone();
+    let mut rng = StdRng::seed_from_u64(11);
+    // Small ranges, so skiers ride several times a day, at several resorts and in two seasons.
+    let rides: Vec<Ride> = (0..2_000)
+        .map(|_| Ride {
+            resort: rng.random_range(1..=3),
+            season: rng.random_range(2021..=2022),
+            day: rng.random_range(1..=4),
+            skier: rng.random_range(1..=25),
+            time: rng.random_range(1..=360),
+            lift: rng.random_range(1..=40),
+        })
+        .collect();
+    std::thread::scope(|scope| {
+        for chunk in rides.chunks(500) {
+            let base = &base;
+            scope.spawn(move || {
+                let agent = agent();
+                for ride in chunk {
+                    assert_eq!(post_ride(&agent, base, ride, None), 201);
+                }
+            });
+        }
+    });
+    let agent = agent();
+    wait_for_model(&agent, &base, rides.len() as u64);
+    check_model(&agent, &base, &rides);
+
+    assert!(server.terminate().success());
+    let server = start_checkpointing(dir.path());
+    wait_for_model(&agent, &server.base, rides.len() as u64);
+    check_model(&agent, &server.base, &rides);
+}
+
+/// What a crash-test client had acknowledged, and the one ride it had in flight when the server died.
+#[derive(Default)]
+struct Client {
+    acked: Vec<Ride>,
+    in_flight: Option<(String, Ride)>,
+}
+
+/// POSTs rides, each distinct (the client owns its skiers; a skier's rides have distinct times), with an
+/// Idempotency-Key, until the server dies.
+fn crash_client(base: &str, seed: u64, id: u32, state: &Mutex<Client>, stop: &AtomicBool) {
+    let agent = agent();
+    let mut rng = StdRng::seed_from_u64(seed ^ u64::from(id));
+    for counter in 0u32.. {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let ride = Ride {
+            resort: rng.random_range(1..=10),
+            season: 2022,
+            day: 1 + counter / 360 % 3,
+            skier: 1 + id * 10_000 + counter / 1080,
+            time: 1 + counter % 360,
+            lift: rng.random_range(1..=40),
+        };
+        let key = format!("client{id}-{counter}");
+        state.lock().unwrap().in_flight = Some((key.clone(), ride));
+        loop {
+            let url = ride.url(base);
+            match post_raw(
+                &agent,
+                &url,
+                Some("application/json"),
+                Some(&key),
+                &ride.body(),
+            ) {
+                Ok((201, _)) => break,
+                Ok((503, _)) => std::thread::sleep(Duration::from_millis(5)),
+                Ok((status, reply)) => panic!("ride answered {status}: {reply}"),
+                Err(_) => return,
+            }
+        }
+        let mut state = state.lock().unwrap();
+        state.acked.push(ride);
+        state.in_flight = None;
+    }
+}
+
+#[test]
+fn kill_9_during_a_post_storm_keeps_every_acknowledged_ride_exactly_once() {
+    let seed: u64 = std::env::var("SPATE_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(23);
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_checkpointing(dir.path());
+    let base = server.base.clone();
+    let clients: Vec<Mutex<Client>> = (0..8).map(|_| Mutex::default()).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    std::thread::scope(|scope| {
+        for (id, state) in clients.iter().enumerate() {
+            let (base, stop) = (base.clone(), stop.clone());
+            scope.spawn(move || crash_client(&base, seed, id as u32, state, &stop));
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+        server.kill9();
+        stop.store(true, Ordering::Relaxed);
+    });
+    let acked_before: usize = clients.iter().map(|c| c.lock().unwrap().acked.len()).sum();
+    let in_flight = clients
+        .iter()
+        .filter(|c| c.lock().unwrap().in_flight.is_some())
+        .count();
+    eprintln!("{acked_before} rides acknowledged before the kill, {in_flight} in flight");
+    assert!(
+        acked_before > 500,
+        "only {acked_before} rides acknowledged before the kill"
+    );
+
+    let server = start_checkpointing(dir.path());
+    let agent = agent();
+    // Each client retries its in-flight ride with its key, as a client that timed out would: it
+    // counts once whether or not it was durable before the kill.
+    for state in &clients {
+        let mut state = state.lock().unwrap();
+        if let Some((key, ride)) = state.in_flight.take() {
+            assert_eq!(post_ride(&agent, &server.base, &ride, Some(&key)), 201);
+            state.acked.push(ride);
+        }
+    }
+    let rides: Vec<Ride> = clients
+        .iter()
+        .flat_map(|c| c.lock().unwrap().acked.clone())
+        .collect();
+    wait_for_model(&agent, &server.base, rides.len() as u64);
+    check_model(&agent, &server.base, &rides);
+}
