@@ -38,6 +38,8 @@ pub struct HttpRequest {
     pub path: String,
     pub body: Bytes,
     pub headers: Vec<(&'static str, String)>,
+    /// Statuses besides 2xx that are a correct answer (a 404 for data a query may not find).
+    pub also_ok: &'static [u16],
 }
 
 /// One request of a scenario: an HTTP exchange, or a pipeline of Redis commands (each a list of
@@ -68,6 +70,7 @@ impl Request {
             path: path.into(),
             body,
             headers: Vec::new(),
+            also_ok: &[],
         })
     }
 
@@ -75,6 +78,14 @@ impl Request {
     pub fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Self {
         if let Self::Http(http) = &mut self {
             http.headers.push((name, value.into()));
+        }
+        self
+    }
+
+    /// Counts these statuses as answers rather than errors (HTTP requests only).
+    pub fn also_ok(mut self, statuses: &'static [u16]) -> Self {
+        if let Self::Http(http) = &mut self {
+            http.also_ok = statuses;
         }
         self
     }
@@ -375,7 +386,7 @@ async fn exchange(
             if response.into_body().collect().await.is_err() {
                 return Outcome::Io;
             }
-            if status.is_success() {
+            if status.is_success() || request.also_ok.contains(&status.as_u16()) {
                 Outcome::Ok
             } else {
                 Outcome::Status(status.as_u16())

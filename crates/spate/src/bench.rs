@@ -4,6 +4,7 @@
 //! - fraud: loads the case study's history in place, then runs the generator -> acknowledged stream ->
 //!   scoring -> durable journal pipeline several times (generator included, in its own process).
 //! - leaderboard: `bench_leaderboard.rs`.
+//! - ski: `bench_ski.rs`.
 //! - tally: `spate load tally adds` in closed loop, then in open loop at half the rate the closed loop
 //!   achieved, so the report shows latency at a sustainable offered load as well as at saturation.
 
@@ -16,13 +17,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 /// Apps with a benchmark, in report order.
-const BENCHMARKS: &[&str] = &["fraud", "leaderboard", "tally"];
+const BENCHMARKS: &[&str] = &["fraud", "leaderboard", "ski", "tally"];
 
 #[derive(Args)]
 pub struct BenchArgs {
     #[command(flatten)]
     pub leaderboard: crate::bench_leaderboard::LeaderboardBench,
-    /// Apps to benchmark [default: all: fraud, leaderboard, tally]
+    #[command(flatten)]
+    pub ski: crate::bench_ski::SkiBench,
+    /// Apps to benchmark [default: all: fraud, leaderboard, ski, tally]
     #[arg(value_parser = clap::builder::PossibleValuesParser::new(BENCHMARKS))]
     apps: Vec<String>,
     #[command(flatten)]
@@ -85,6 +88,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "fraud" => fraud(&args.fraud, &args.out)?,
             "tally" => tally(&args)?,
             "leaderboard" => crate::bench_leaderboard::run(&args)?,
+            "ski" => crate::bench_ski::run(&args)?,
             other => unreachable!("no benchmark for {other}"),
         };
         report += &section;

@@ -40,6 +40,18 @@ pub const SCENARIOS: &[(&str, &str, &str)] = &[
          pipeline of N ZINCRBY (the peer of `leaderboard bulk`)",
     ),
     (
+        "ski",
+        "rides",
+        "POST /skiers/{resortID}/seasons/2022/days/1/skiers/{skierID} {\"time\",\"liftID\"}: the course \
+         client's lift rides (resort 1-10, skier 1 to --users, lift 1-40, time 1-360)",
+    ),
+    (
+        "ski",
+        "queries",
+        "the seed's four questions and the spec's GETs in turn, for random skiers of --users (a 404, no \
+         rides for that skier, is an answer)",
+    ),
+    (
         "fraud",
         "http",
         "POST /fraud/transactions, batches of --batch generated transactions",
@@ -88,7 +100,7 @@ pub struct LoadArgs {
     /// Transactions per request (fraud), updates per request (leaderboard bulk, redis)
     #[arg(long, default_value_t = 100)]
     pub batch: usize,
-    /// Users the leaderboard scenarios draw from
+    /// Users the leaderboard scenarios, or skiers the ski scenarios, draw from
     #[arg(long, default_value_t = 100_000)]
     pub users: u64,
     /// Cards the fraud generator draws from
@@ -275,6 +287,63 @@ fn create_load_board(target: &str) -> anyhow::Result<()> {
     }
 }
 
+/// The `seq`-th ride of `worker`: `(resort, skier, lift, time)`, like the course assignment's client.
+fn ski_ride(seed: u64, skiers: u64, worker: u32, seq: u64) -> (u64, u64, u64, u64) {
+    let n = mix64((u64::from(worker) << 40 | seq) ^ seed);
+    (
+        1 + (n >> 20) % 10,
+        1 + n % skiers,
+        1 + (n >> 28) % 40,
+        1 + (n >> 36) % 360,
+    )
+}
+
+/// The season and day of every generated ride, as in the assignment.
+const SKI_SEASON: u32 = 2022;
+const SKI_DAY: u32 = 1;
+
+struct SkiRides {
+    seed: u64,
+    skiers: u64,
+}
+
+impl Scenario for SkiRides {
+    fn name(&self) -> String {
+        "ski rides".into()
+    }
+
+    fn request(&self, worker: u32, seq: u64) -> Request {
+        let (resort, skier, lift, time) = ski_ride(self.seed, self.skiers, worker, seq);
+        Request::post_json(
+            format!("/skiers/{resort}/seasons/{SKI_SEASON}/days/{SKI_DAY}/skiers/{skier}"),
+            format!("{{\"time\":{time},\"liftID\":{lift}}}").into_bytes(),
+        )
+    }
+}
+
+struct SkiQueries {
+    seed: u64,
+    skiers: u64,
+}
+
+impl Scenario for SkiQueries {
+    fn name(&self) -> String {
+        "ski queries".into()
+    }
+
+    fn request(&self, worker: u32, seq: u64) -> Request {
+        let (resort, skier, _, _) = ski_ride(self.seed, self.skiers, worker, seq);
+        let path = match seq % 5 {
+            0 => format!("/skiers/{skier}/seasons/{SKI_SEASON}/days"),
+            1 => format!("/skiers/{skier}/seasons/{SKI_SEASON}/days/{SKI_DAY}/lifts"),
+            2 => format!("/resorts/{resort}/seasons/{SKI_SEASON}/day/{SKI_DAY}/skiers"),
+            3 => format!("/skiers/{skier}/vertical?resort={resort}"),
+            _ => format!("/skiers/{resort}/seasons/{SKI_SEASON}/days/{SKI_DAY}/skiers/{skier}"),
+        };
+        Request::get(path).also_ok(&[404])
+    }
+}
+
 struct FraudHttp {
     seed: u64,
     cards: u32,
@@ -352,6 +421,22 @@ fn scenario(args: &LoadArgs) -> anyhow::Result<Arc<dyn Scenario>> {
                     seed: args.seed,
                     users: args.users,
                     batch: args.batch,
+                })
+            }
+        }
+        ("ski", scenario @ ("rides" | "queries")) => {
+            if args.users == 0 || args.users > u64::from(spate_ski::SKIER_ID_MAX) {
+                bail!("--users must be 1..={}", spate_ski::SKIER_ID_MAX);
+            }
+            if scenario == "rides" {
+                Arc::new(SkiRides {
+                    seed: args.seed,
+                    skiers: args.users,
+                })
+            } else {
+                Arc::new(SkiQueries {
+                    seed: args.seed,
+                    skiers: args.users,
                 })
             }
         }
