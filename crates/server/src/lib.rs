@@ -61,9 +61,8 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
         ))
         .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX));
 
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let listener =
+        listen(config.listen).map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     // Tests and scripts wait for this line to know the port (the listen address may end in :0).
     println!("spate listening on http://{local}");
@@ -79,6 +78,22 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     stopped?;
     tracing::info!("shut down cleanly");
     Ok(())
+}
+
+/// Connections the kernel queues before `accept`. Clients open their connections together (the ski
+/// case study's 168 threads do): with a short queue, a connection that does not fit loses its SYN and
+/// waits the kernel's 1 s retransmission timeout. The kernel caps it at `net.core.somaxconn`.
+const ACCEPT_BACKLOG: u32 = 4096;
+
+fn listen(address: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if address.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(ACCEPT_BACKLOG)
 }
 
 async fn shutdown_signal() {

@@ -3,9 +3,11 @@
 //! 1. For each total (200,000 and 500,000 by default): 32 connections x 1,000 POSTs, then the rest with
 //!    168 connections, closed loop, as the course's client ran them (each connection one client thread).
 //!    Throughput is the total over the wall time of both phases, as the seed's client reported it.
-//! 2. Open loop at shares of the 168-connection rate, so latency is measured at a fixed offered load.
+//! 2. Open loop at shares of the 168-connection rate, so latency is measured at a fixed offered load
+//!    (over 32 connections: the open-loop pacer costs the load generator CPU per connection, and it
+//!    shares the two cores with the server).
 //! 3. Queries (the seed's four questions and the spec's GETs) in open loop while POSTs run in closed
-//!    loop, for the query latency under write load; and queries alone for reference.
+//!    loop over 32 connections (the seed's first phase) and over 168; and queries alone.
 //!
 //! Throughout, a sampler polls `GET /ski/lag` for the projection's lag (durable rides not yet in the read
 //! model) and the requests queued before the partitions; after each run it times how long the lag takes
@@ -165,6 +167,48 @@ fn sampled_run(
     Ok((report, lag_max, queued_max, drain_ms))
 }
 
+/// Queries in open loop while `writes` POST rides.
+struct MixedRun {
+    label: &'static str,
+    stem: &'static str,
+    writes: Report,
+    queries: Report,
+    lag_max: u64,
+    drain_ms: f64,
+}
+
+fn mixed_run(
+    base: &str,
+    label: &'static str,
+    stem: &'static str,
+    writes: &LoadArgs,
+    queries: &LoadArgs,
+    out: &Path,
+) -> anyhow::Result<MixedRun> {
+    eprintln!("ski queries while POSTs run {label} ...");
+    let sampler = LagSampler::start(base);
+    let (query_report, write_report) = std::thread::scope(|scope| {
+        let writer = scope.spawn(|| load_http(writes));
+        let queries = load_http(queries);
+        (
+            queries,
+            writer.join().expect("the POST load does not panic"),
+        )
+    });
+    let (queries, writes) = (query_report?, write_report?);
+    let (lag_max, _, drain_ms) = sampler.finish(base)?;
+    write_outputs(&writes, out, &format!("{stem}-posts"))?;
+    write_outputs(&queries, out, &format!("{stem}-queries"))?;
+    Ok(MixedRun {
+        label,
+        stem,
+        writes,
+        queries,
+        lag_max,
+        drain_ms,
+    })
+}
+
 pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
     let settings = &args.ski;
     let out = &args.out;
@@ -189,7 +233,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
 
     let mut open = Vec::new();
     for (run, share) in OPEN_LOOP_SHARES.into_iter().enumerate() {
-        let mut load = rides(&base, settings.ski_connections, 100 + run as u64);
+        let mut load = rides(&base, FIRST_PHASE_CONNECTIONS, 100 + run as u64);
         load.rate = Some(peak * share);
         load.duration_s = args.duration_s;
         let stem = format!("ski-rides-open-{:.0}", share * 100.0);
@@ -201,22 +245,26 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
     queries.connections = QUERY_CONNECTIONS;
     queries.duration_s = args.duration_s;
     queries.rate = Some(settings.ski_query_rate);
-    let mut writes = rides(&base, settings.ski_connections, 200);
-    writes.duration_s = args.duration_s;
-    eprintln!("ski queries while POSTs run ...");
-    let sampler = LagSampler::start(&base);
-    let (queries_under_load, writes_under_load) = std::thread::scope(|scope| {
-        let writer = scope.spawn(|| load_http(&writes));
-        let queries = load_http(&queries);
+    let mut mixed = Vec::new();
+    for (label, stem, connections, seed) in [
         (
-            queries,
-            writer.join().expect("the POST load does not panic"),
-        )
-    });
-    let (queries_under_load, writes_under_load) = (queries_under_load?, writes_under_load?);
-    let (lag_max_mixed, _, drain_ms_mixed) = sampler.finish(&base)?;
-    write_outputs(&queries_under_load, out, "ski-queries-under-load")?;
-    write_outputs(&writes_under_load, out, "ski-rides-under-queries")?;
+            "over 32 connections",
+            "ski-mixed-32",
+            FIRST_PHASE_CONNECTIONS,
+            200,
+        ),
+        (
+            "over 168 connections",
+            "ski-mixed-168",
+            settings.ski_connections,
+            300,
+        ),
+    ] {
+        let mut writes = rides(&base, connections, seed);
+        writes.duration_s = args.duration_s;
+        queries.seed = seed;
+        mixed.push(mixed_run(&base, label, stem, &writes, &queries, out)?);
+    }
     let mut alone = queries.clone();
     alone.rate = None;
     let queries_alone = load_http(&alone)?;
@@ -272,16 +320,18 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
             stem.clone(),
         ));
     }
-    rows.push((
-        "POSTs while queries run".into(),
-        &writes_under_load,
-        "ski-rides-under-queries".into(),
-    ));
-    rows.push((
-        "queries while POSTs run (open loop)".into(),
-        &queries_under_load,
-        "ski-queries-under-load".into(),
-    ));
+    for run in &mixed {
+        rows.push((
+            format!("POSTs {} (closed loop), with queries", run.label),
+            &run.writes,
+            format!("{}-posts", run.stem),
+        ));
+        rows.push((
+            format!("queries while POSTs run {}", run.label),
+            &run.queries,
+            format!("{}-queries", run.stem),
+        ));
+    }
     rows.push((
         "queries alone (closed loop)".into(),
         &queries_alone,
@@ -302,13 +352,18 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
             ms(report.latency.p99_us),
         );
     }
-    text += &format!(
-        "- queries under write load: p99 {} at {:.0}/s offered, while POSTs ran at {:.0}/s; max lag {lag_max_mixed} \
-         rides, lag to zero {drain_ms_mixed:.0} ms after both stopped\n",
-        ms(queries_under_load.latency.p99_us),
-        settings.ski_query_rate,
-        writes_under_load.ok_rate_per_s,
-    );
+    for run in &mixed {
+        text += &format!(
+            "- queries while POSTs run {}: p99 {} at {:.0}/s offered, POSTs at {:.0}/s; max lag {} rides, \
+             lag to zero {:.0} ms after both stopped\n",
+            run.label,
+            ms(run.queries.latency.p99_us),
+            settings.ski_query_rate,
+            run.writes.ok_rate_per_s,
+            run.lag_max,
+            run.drain_ms,
+        );
+    }
     let summary = json!({
         "benchmark": "ski",
         "seed_runs": seed_runs.iter().map(|r| json!({
@@ -321,8 +376,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
             "share_of_peak": share, "posts_per_s": report.ok_rate_per_s, "p99_us": report.latency.p99_us,
             "lag_max_records": lag_max, "lag_to_zero_ms": drain_ms,
         })).collect::<Vec<_>>(),
-        "queries_under_load_p99_us": queries_under_load.latency.p99_us,
-        "posts_per_s_under_queries": writes_under_load.ok_rate_per_s,
+        "queries_under_load": mixed.iter().map(|m| json!({
+            "posts": m.label, "posts_per_s": m.writes.ok_rate_per_s, "query_p99_us": m.queries.latency.p99_us,
+            "lag_max_records": m.lag_max, "lag_to_zero_ms": m.drain_ms,
+        })).collect::<Vec<_>>(),
     });
     std::fs::write(
         out.join("ski.json"),
