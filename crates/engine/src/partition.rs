@@ -116,6 +116,9 @@ pub(crate) struct PartitionThread {
     rng: SmallRng,
     records_since_snapshot: u64,
     external_open: bool,
+    /// When the last batch went to the writer; with a flush interval, the next may not go before
+    /// `last_hand_off + flush_interval`, and it keeps growing until then.
+    last_hand_off: Instant,
 }
 
 pub(crate) struct WriterThread {
@@ -126,8 +129,6 @@ pub(crate) struct WriterThread {
     projections: Vec<(AppId, Sender<Feed>)>,
     shared: Arc<PartitionShared>,
     metrics: PartitionMetrics,
-    flush_interval: Duration,
-    last_flush: Instant,
 }
 
 /// Builds the two threads' states, connected by a one-slot channel: one batch in the writer's hands and
@@ -161,8 +162,6 @@ pub(crate) fn pair(
         projections,
         shared: shared.clone(),
         metrics: metrics.clone(),
-        flush_interval: limits.flush_interval,
-        last_flush: Instant::now(),
     };
     let first_lsn = core.next_lsn;
     let partition = PartitionThread {
@@ -182,6 +181,7 @@ pub(crate) fn pair(
         rng: SmallRng::from_os_rng(),
         records_since_snapshot: 0,
         external_open: true,
+        last_hand_off: Instant::now(),
     };
     (partition, writer)
 }
@@ -212,12 +212,23 @@ impl PartitionThread {
             if accepting {
                 select.recv(&external);
             }
-            let writer_index = if self.batch.is_empty() {
+            // A batch is offered to the writer once the flush interval since the last hand-off has passed;
+            // until then the select wakes at that moment (or earlier, for new work).
+            let hand_off_at = self.last_hand_off + self.limits.flush_interval;
+            let now = Instant::now();
+            let writer_index = if self.batch.is_empty() || now < hand_off_at {
                 None
             } else {
                 Some(select.send(&writer))
             };
-            let operation = select.select();
+            let operation = if self.batch.is_empty() || writer_index.is_some() {
+                select.select()
+            } else {
+                match select.select_timeout(hand_off_at - now) {
+                    Ok(operation) => operation,
+                    Err(_) => continue,
+                }
+            };
             let index = operation.index();
             if Some(index) == writer_index {
                 let batch = self.take_batch();
@@ -283,6 +294,7 @@ impl PartitionThread {
     }
 
     fn take_batch(&mut self) -> Batch {
+        self.last_hand_off = Instant::now();
         let next = Batch {
             first_lsn: self.core.next_lsn,
             ..Batch::default()
@@ -495,13 +507,8 @@ impl WriterThread {
                 self.log.next_lsn(),
                 "batches arrive in LSN order without gaps"
             );
-            let since_last = self.last_flush.elapsed();
-            if since_last < self.flush_interval {
-                std::thread::sleep(self.flush_interval - since_last);
-            }
             let started = Instant::now();
             let appended = self.log.append(&batch.frames, batch.record_count);
-            self.last_flush = Instant::now();
             self.metrics
                 .journal_fsync_seconds
                 .observe(started.elapsed().as_secs_f64());
