@@ -1,0 +1,719 @@
+//! The ledger's rules, as one partition applies them: pure and deterministic, with time given by the
+//! caller (the engine's command timestamp), so replay rebuilds the same state.
+//!
+//! A transfer touches three owners, each on the partition its key hashes to: the transfer itself (keyed
+//! by its id), the payer and the payee (keyed by name). No partition ever locks another; the steps travel
+//! as follow-ups, which the engine delivers exactly once, in order per pair of partitions:
+//!
+//! ```text
+//! Prepare ─▶ [transfer] RECEIVED ─CheckPayee─▶ [payee] exists, same currency (or 3203 / 3100)
+//!                                               ─Reserve─▶ [payer] reserved += amount (or 4001 / 3202 / 3100)
+//!                       RESERVED ◀──────ReserveResult─────── (a refusal: ABORTED)
+//! Fulfil  ─▶ [transfer] COMMITTED ─CommitPayer─▶ [payer] reserved -= amount, position += amount
+//!                                 ─CreditPayee─▶ [payee] position -= amount
+//! Reject / expiry ─▶ [transfer] ABORTED ──Release──▶ [payer] reserved -= amount
+//! ```
+//!
+//! The transfer's partition decides every state change, once; the participants' partitions only move
+//! money as told. So a transfer reaches COMMITTED or ABORTED at most once, and the positions of all
+//! participants sum to the same total whenever no follow-up is in flight.
+
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeSet, HashMap};
+
+/// Money in the currency's minor units (cents for USD). Never floating point.
+pub type Amount = i128;
+/// A transfer id: the UUID of FSPIOP's `transferId`, as a number.
+pub type TransferId = u128;
+
+/// FSPIOP error codes this ledger answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// 3100: generic validation error.
+    Validation,
+    /// 3106: the id was used before with different content.
+    ModifiedRequest,
+    /// 3202: the payer FSP is unknown.
+    PayerNotFound,
+    /// 3203: the payee FSP is unknown.
+    PayeeNotFound,
+    /// 3208: no transfer with this id.
+    TransferNotFound,
+    /// 3303: the transfer expired.
+    Expired,
+    /// 4001: the payer's position plus reservations would exceed its net debit cap.
+    PayerLiquidity,
+    /// 3003 (add party information error, used here for "participant exists").
+    ParticipantExists,
+    /// 3201: the participant is unknown.
+    ParticipantNotFound,
+}
+
+impl ErrorCode {
+    pub fn code(self) -> u16 {
+        match self {
+            Self::Validation => 3100,
+            Self::ModifiedRequest => 3106,
+            Self::PayerNotFound => 3202,
+            Self::PayeeNotFound => 3203,
+            Self::TransferNotFound => 3208,
+            Self::Expired => 3303,
+            Self::PayerLiquidity => 4001,
+            Self::ParticipantExists => 3003,
+            Self::ParticipantNotFound => 3201,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+fn refuse<T>(code: ErrorCode, message: impl Into<String>) -> Result<T, Refusal> {
+    Err(Refusal {
+        code,
+        message: message.into(),
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AbortReason {
+    /// The payee rejected it.
+    Rejected,
+    /// Its expiration passed while it was reserved (or before its reservation came back).
+    Expired,
+    /// The reservation was refused.
+    Refused(ErrorCode),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransferState {
+    /// Prepared; the payer's reservation is on its way.
+    Received,
+    Reserved,
+    Committed,
+    Aborted(AbortReason),
+}
+
+impl TransferState {
+    /// FSPIOP's `transferState`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Received => "RECEIVED",
+            Self::Reserved => "RESERVED",
+            Self::Committed => "COMMITTED",
+            Self::Aborted(_) => "ABORTED",
+        }
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Committed | Self::Aborted(_))
+    }
+}
+
+/// What a prepare asks for; `content_hash` covers every field of the request, so a resent prepare can be
+/// told from a modified one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransferSpec {
+    pub id: TransferId,
+    pub payer: String,
+    pub payee: String,
+    pub currency: String,
+    pub amount: Amount,
+    pub condition: [u8; 32],
+    pub expiration_ms: u64,
+    pub content_hash: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transfer {
+    pub spec: TransferSpec,
+    pub state: TransferState,
+    pub fulfilment: Option<[u8; 32]>,
+}
+
+/// One change of a participant's position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub transfer: TransferId,
+    pub change: Amount,
+    pub position_after: Amount,
+    pub timestamp_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Participant {
+    pub currency: String,
+    pub ndc: Amount,
+    pub position: Amount,
+    pub reserved: Amount,
+    pub entries: Vec<Entry>,
+}
+
+/// Everything a partition can be asked to do. The last six only ever arrive as follow-ups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    CreateParticipant {
+        name: String,
+        currency: String,
+        ndc: Amount,
+    },
+    SetNdc {
+        name: String,
+        ndc: Amount,
+    },
+    Prepare(TransferSpec),
+    /// `source` is the FSP asking (FSPIOP-Source); only the payee may fulfil or reject.
+    Fulfil {
+        id: TransferId,
+        source: String,
+        fulfilment: [u8; 32],
+    },
+    Reject {
+        id: TransferId,
+        source: String,
+    },
+    /// Expires what is due; the server sends one to every partition periodically.
+    Tick,
+    CheckPayee {
+        id: TransferId,
+        payee: String,
+        payer: String,
+        currency: String,
+        amount: Amount,
+    },
+    Reserve {
+        id: TransferId,
+        payer: String,
+        currency: String,
+        amount: Amount,
+    },
+    ReserveResult {
+        id: TransferId,
+        refusal: Option<ErrorCode>,
+    },
+    CommitPayer {
+        id: TransferId,
+        payer: String,
+        amount: Amount,
+    },
+    CreditPayee {
+        id: TransferId,
+        payee: String,
+        amount: Amount,
+    },
+    Release {
+        id: TransferId,
+        payer: String,
+        amount: Amount,
+    },
+}
+
+/// Where a follow-up goes: the partition that owns this key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Owner {
+    Transfer(TransferId),
+    Participant(String),
+}
+
+/// What a command changed, for the read model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    ParticipantCreated {
+        name: String,
+        currency: String,
+        ndc: Amount,
+    },
+    NdcChanged {
+        name: String,
+        ndc: Amount,
+    },
+    /// `reserved` and `position` are the participant's figures after the change.
+    ParticipantChanged {
+        name: String,
+        transfer: TransferId,
+        position: Amount,
+        reserved: Amount,
+    },
+    TransferChanged {
+        id: TransferId,
+        state: TransferState,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    Participant(String),
+    Transfer(TransferId, TransferState),
+    Refused(Refusal),
+    /// A follow-up or a tick: nobody waits for it.
+    Done,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Output {
+    pub reply: Option<Reply>,
+    pub events: Vec<Event>,
+    pub follow_ups: Vec<(Owner, Command)>,
+}
+
+/// SHA-256 of the fulfilment must equal the condition (the interledger crypto-condition).
+pub fn fulfils(fulfilment: &[u8; 32], condition: &[u8; 32]) -> bool {
+    Sha256::digest(fulfilment).as_slice() == condition
+}
+
+/// The state one partition owns: some participants and some transfers.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct LedgerPartition {
+    participants: HashMap<String, Participant>,
+    transfers: HashMap<TransferId, Transfer>,
+    /// (expiration, id) of transfers that may still expire: RECEIVED or RESERVED.
+    expiries: BTreeSet<(u64, TransferId)>,
+}
+
+impl LedgerPartition {
+    pub fn participant(&self, name: &str) -> Option<&Participant> {
+        self.participants.get(name)
+    }
+
+    pub fn transfer(&self, id: TransferId) -> Option<&Transfer> {
+        self.transfers.get(&id)
+    }
+
+    pub fn participants(&self) -> impl Iterator<Item = (&String, &Participant)> {
+        self.participants.iter()
+    }
+
+    pub fn transfers(&self) -> impl Iterator<Item = &Transfer> {
+        self.transfers.values()
+    }
+
+    /// Applies one command at `now_ms`. Client commands get a reply; follow-ups and ticks get `Done`.
+    pub fn apply(&mut self, command: Command, now_ms: u64) -> Output {
+        let mut out = Output::default();
+        let reply = match command {
+            Command::CreateParticipant {
+                name,
+                currency,
+                ndc,
+            } => self.create_participant(name, currency, ndc, &mut out),
+            Command::SetNdc { name, ndc } => self.set_ndc(name, ndc, &mut out),
+            Command::Prepare(spec) => self.prepare(spec, now_ms, &mut out),
+            Command::Fulfil {
+                id,
+                source,
+                fulfilment,
+            } => self.fulfil(id, &source, fulfilment, now_ms, &mut out),
+            Command::Reject { id, source } => self.reject(id, &source, now_ms, &mut out),
+            Command::Tick => {
+                self.expire_due(now_ms, &mut out);
+                Reply::Done
+            }
+            Command::CheckPayee {
+                id,
+                payee,
+                payer,
+                currency,
+                amount,
+            } => {
+                match self.participants.get(&payee) {
+                    None => Self::answer(id, Some(ErrorCode::PayeeNotFound), &mut out),
+                    Some(p) if p.currency != currency => {
+                        Self::answer(id, Some(ErrorCode::Validation), &mut out)
+                    }
+                    Some(_) => out.follow_ups.push((
+                        Owner::Participant(payer.clone()),
+                        Command::Reserve {
+                            id,
+                            payer,
+                            currency,
+                            amount,
+                        },
+                    )),
+                }
+                Reply::Done
+            }
+            Command::Reserve {
+                id,
+                payer,
+                currency,
+                amount,
+            } => {
+                let refusal = self.reserve(id, &payer, &currency, amount, &mut out);
+                Self::answer(id, refusal, &mut out);
+                Reply::Done
+            }
+            Command::ReserveResult { id, refusal } => {
+                self.reserve_result(id, refusal, now_ms, &mut out);
+                Reply::Done
+            }
+            Command::CommitPayer { id, payer, amount } => {
+                self.move_money(&payer, id, amount, -amount, now_ms, &mut out);
+                Reply::Done
+            }
+            Command::CreditPayee { id, payee, amount } => {
+                self.move_money(&payee, id, -amount, 0, now_ms, &mut out);
+                Reply::Done
+            }
+            Command::Release { id, payer, amount } => {
+                self.move_money(&payer, id, 0, -amount, now_ms, &mut out);
+                Reply::Done
+            }
+        };
+        out.reply = Some(reply);
+        out
+    }
+
+    /// Sends the outcome of a reservation back to the transfer's partition.
+    fn answer(id: TransferId, refusal: Option<ErrorCode>, out: &mut Output) {
+        out.follow_ups
+            .push((Owner::Transfer(id), Command::ReserveResult { id, refusal }));
+    }
+
+    fn create_participant(
+        &mut self,
+        name: String,
+        currency: String,
+        ndc: Amount,
+        out: &mut Output,
+    ) -> Reply {
+        if self.participants.contains_key(&name) {
+            return Reply::Refused(Refusal {
+                code: ErrorCode::ParticipantExists,
+                message: format!("participant {name} exists"),
+            });
+        }
+        if ndc < 0 {
+            return Reply::Refused(Refusal {
+                code: ErrorCode::Validation,
+                message: "ndc must not be negative".into(),
+            });
+        }
+        out.events.push(Event::ParticipantCreated {
+            name: name.clone(),
+            currency: currency.clone(),
+            ndc,
+        });
+        self.participants.insert(
+            name.clone(),
+            Participant {
+                currency,
+                ndc,
+                position: 0,
+                reserved: 0,
+                entries: Vec::new(),
+            },
+        );
+        Reply::Participant(name)
+    }
+
+    fn set_ndc(&mut self, name: String, ndc: Amount, out: &mut Output) -> Reply {
+        let Some(participant) = self.participants.get_mut(&name) else {
+            return Reply::Refused(Refusal {
+                code: ErrorCode::ParticipantNotFound,
+                message: format!("no participant {name}"),
+            });
+        };
+        // Lowering the cap below what is already used would break the invariant the cap exists for.
+        let used = participant.position + participant.reserved;
+        if ndc < 0 || ndc < used {
+            return Reply::Refused(Refusal {
+                code: ErrorCode::Validation,
+                message: format!(
+                    "ndc must be at least position + reserved ({used}) and not negative"
+                ),
+            });
+        }
+        participant.ndc = ndc;
+        out.events.push(Event::NdcChanged {
+            name: name.clone(),
+            ndc,
+        });
+        Reply::Participant(name)
+    }
+
+    fn prepare(&mut self, spec: TransferSpec, now_ms: u64, out: &mut Output) -> Reply {
+        if let Some(existing) = self.transfers.get(&spec.id) {
+            return if existing.spec.content_hash == spec.content_hash {
+                Reply::Transfer(spec.id, existing.state)
+            } else {
+                Reply::Refused(Refusal {
+                    code: ErrorCode::ModifiedRequest,
+                    message: "this transferId was prepared before with different content".into(),
+                })
+            };
+        }
+        if spec.expiration_ms <= now_ms {
+            return Reply::Refused(Refusal {
+                code: ErrorCode::Expired,
+                message: "expiration is not in the future".into(),
+            });
+        }
+        if spec.payer == spec.payee || spec.amount <= 0 {
+            return Reply::Refused(Refusal {
+                code: ErrorCode::Validation,
+                message: "payer and payee must differ and the amount must be positive".into(),
+            });
+        }
+        let id = spec.id;
+        out.follow_ups.push((
+            Owner::Participant(spec.payee.clone()),
+            Command::CheckPayee {
+                id,
+                payee: spec.payee.clone(),
+                payer: spec.payer.clone(),
+                currency: spec.currency.clone(),
+                amount: spec.amount,
+            },
+        ));
+        self.expiries.insert((spec.expiration_ms, id));
+        self.transfers.insert(
+            id,
+            Transfer {
+                spec,
+                state: TransferState::Received,
+                fulfilment: None,
+            },
+        );
+        out.events.push(Event::TransferChanged {
+            id,
+            state: TransferState::Received,
+        });
+        Reply::Transfer(id, TransferState::Received)
+    }
+
+    /// The payer's side of a prepare: `None` if the amount is now reserved.
+    fn reserve(
+        &mut self,
+        id: TransferId,
+        payer: &str,
+        currency: &str,
+        amount: Amount,
+        out: &mut Output,
+    ) -> Option<ErrorCode> {
+        let Some(participant) = self.participants.get_mut(payer) else {
+            return Some(ErrorCode::PayerNotFound);
+        };
+        if participant.currency != currency {
+            return Some(ErrorCode::Validation);
+        }
+        if participant.position + participant.reserved + amount > participant.ndc {
+            return Some(ErrorCode::PayerLiquidity);
+        }
+        participant.reserved += amount;
+        out.events.push(Event::ParticipantChanged {
+            name: payer.to_string(),
+            transfer: id,
+            position: participant.position,
+            reserved: participant.reserved,
+        });
+        None
+    }
+
+    fn set_state(&mut self, id: TransferId, state: TransferState, out: &mut Output) {
+        let transfer = self.transfers.get_mut(&id).expect("the caller found it");
+        debug_assert!(!transfer.state.is_final(), "a final state never changes");
+        transfer.state = state;
+        if state.is_final() {
+            self.expiries.remove(&(transfer.spec.expiration_ms, id));
+        }
+        out.events.push(Event::TransferChanged { id, state });
+    }
+
+    fn release(&self, id: TransferId, out: &mut Output) {
+        let spec = &self.transfers[&id].spec;
+        out.follow_ups.push((
+            Owner::Participant(spec.payer.clone()),
+            Command::Release {
+                id,
+                payer: spec.payer.clone(),
+                amount: spec.amount,
+            },
+        ));
+    }
+
+    fn reserve_result(
+        &mut self,
+        id: TransferId,
+        refusal: Option<ErrorCode>,
+        now_ms: u64,
+        out: &mut Output,
+    ) {
+        let transfer = &self.transfers[&id];
+        assert_eq!(
+            transfer.state,
+            TransferState::Received,
+            "one reservation answer per prepared transfer"
+        );
+        match refusal {
+            Some(code) => {
+                self.set_state(id, TransferState::Aborted(AbortReason::Refused(code)), out)
+            }
+            None if transfer.spec.expiration_ms <= now_ms => {
+                self.set_state(id, TransferState::Aborted(AbortReason::Expired), out);
+                self.release(id, out);
+            }
+            None => self.set_state(id, TransferState::Reserved, out),
+        }
+    }
+
+    /// Checks that `source` may act on the transfer and that it is RESERVED and not yet expired (expiring
+    /// it if it is due).
+    fn reserved_for_payee(
+        &mut self,
+        id: TransferId,
+        source: &str,
+        now_ms: u64,
+        out: &mut Output,
+    ) -> Result<(), Refusal> {
+        let Some(transfer) = self.transfers.get(&id) else {
+            return refuse(
+                ErrorCode::TransferNotFound,
+                format!("no transfer {id:032x}"),
+            );
+        };
+        if transfer.spec.payee != source {
+            return refuse(
+                ErrorCode::Validation,
+                "only the payee may fulfil or reject a transfer",
+            );
+        }
+        match transfer.state {
+            TransferState::Reserved if transfer.spec.expiration_ms <= now_ms => {
+                self.set_state(id, TransferState::Aborted(AbortReason::Expired), out);
+                self.release(id, out);
+                refuse(ErrorCode::Expired, "the transfer expired")
+            }
+            TransferState::Reserved => Ok(()),
+            TransferState::Received => refuse(
+                ErrorCode::Validation,
+                "the transfer is not reserved yet; retry shortly",
+            ),
+            TransferState::Aborted(AbortReason::Expired) => {
+                refuse(ErrorCode::Expired, "the transfer expired")
+            }
+            TransferState::Aborted(_) => refuse(ErrorCode::Validation, "the transfer was aborted"),
+            TransferState::Committed => refuse(ErrorCode::Validation, "the transfer was committed"),
+        }
+    }
+
+    fn fulfil(
+        &mut self,
+        id: TransferId,
+        source: &str,
+        fulfilment: [u8; 32],
+        now_ms: u64,
+        out: &mut Output,
+    ) -> Reply {
+        // A repeated fulfil is answered with the outcome of the first.
+        if let Some(transfer) = self.transfers.get(&id)
+            && transfer.state == TransferState::Committed
+            && transfer.spec.payee == source
+        {
+            return if transfer.fulfilment == Some(fulfilment) {
+                Reply::Transfer(id, TransferState::Committed)
+            } else {
+                Reply::Refused(Refusal {
+                    code: ErrorCode::ModifiedRequest,
+                    message: "the transfer was committed with another fulfilment".into(),
+                })
+            };
+        }
+        if let Err(refusal) = self.reserved_for_payee(id, source, now_ms, out) {
+            return Reply::Refused(refusal);
+        }
+        let transfer = self.transfers.get_mut(&id).expect("checked above");
+        if !fulfils(&fulfilment, &transfer.spec.condition) {
+            return Reply::Refused(Refusal {
+                code: ErrorCode::Validation,
+                message: "the fulfilment does not match the condition".into(),
+            });
+        }
+        transfer.fulfilment = Some(fulfilment);
+        let spec = transfer.spec.clone();
+        self.set_state(id, TransferState::Committed, out);
+        out.follow_ups.push((
+            Owner::Participant(spec.payer.clone()),
+            Command::CommitPayer {
+                id,
+                payer: spec.payer,
+                amount: spec.amount,
+            },
+        ));
+        out.follow_ups.push((
+            Owner::Participant(spec.payee.clone()),
+            Command::CreditPayee {
+                id,
+                payee: spec.payee,
+                amount: spec.amount,
+            },
+        ));
+        Reply::Transfer(id, TransferState::Committed)
+    }
+
+    fn reject(&mut self, id: TransferId, source: &str, now_ms: u64, out: &mut Output) -> Reply {
+        if let Some(transfer) = self.transfers.get(&id)
+            && transfer.state == TransferState::Aborted(AbortReason::Rejected)
+            && transfer.spec.payee == source
+        {
+            return Reply::Transfer(id, transfer.state);
+        }
+        if let Err(refusal) = self.reserved_for_payee(id, source, now_ms, out) {
+            return Reply::Refused(refusal);
+        }
+        self.set_state(id, TransferState::Aborted(AbortReason::Rejected), out);
+        self.release(id, out);
+        Reply::Transfer(id, TransferState::Aborted(AbortReason::Rejected))
+    }
+
+    fn expire_due(&mut self, now_ms: u64, out: &mut Output) {
+        let due: Vec<TransferId> = self
+            .expiries
+            .range(..(now_ms + 1, 0))
+            .map(|&(_, id)| id)
+            .collect();
+        for id in due {
+            // A RECEIVED transfer expires when its reservation answer arrives.
+            if self.transfers[&id].state == TransferState::Reserved {
+                self.set_state(id, TransferState::Aborted(AbortReason::Expired), out);
+                self.release(id, out);
+            }
+        }
+    }
+
+    /// Applies a change the transfer's partition decided: `position_change` to the position (with an
+    /// entry) and `reserved_change` to the reservations.
+    fn move_money(
+        &mut self,
+        name: &str,
+        id: TransferId,
+        position_change: Amount,
+        reserved_change: Amount,
+        now_ms: u64,
+        out: &mut Output,
+    ) {
+        let participant = self
+            .participants
+            .get_mut(name)
+            .expect("money moves only for a payer that reserved or a payee checked at prepare, and participants are never removed");
+        participant.position += position_change;
+        participant.reserved += reserved_change;
+        assert!(participant.reserved >= 0, "reservations never go negative");
+        if position_change != 0 {
+            participant.entries.push(Entry {
+                transfer: id,
+                change: position_change,
+                position_after: participant.position,
+                timestamp_ms: now_ms,
+            });
+        }
+        out.events.push(Event::ParticipantChanged {
+            name: name.to_string(),
+            transfer: id,
+            position: participant.position,
+            reserved: participant.reserved,
+        });
+    }
+}

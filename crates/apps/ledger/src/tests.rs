@@ -1,0 +1,450 @@
+//! The ledger's invariants under random interleavings: several partitions, follow-ups delivered in a
+//! random order across pairs of partitions (in order within a pair, as the engine guarantees), with
+//! prepares, fulfils, rejects, ticks, cap changes and the clock moving on in between.
+
+use crate::domain::{
+    AbortReason, Amount, Command, ErrorCode, Event, LedgerPartition, Owner, Reply, TransferId,
+    TransferSpec, TransferState,
+};
+use proptest::prelude::*;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+const PARTITIONS: usize = 3;
+const PARTICIPANTS: [&str; 4] = ["dfsp0", "dfsp1", "dfsp2", "dfsp3"];
+
+fn partition_of(owner: &Owner) -> usize {
+    let key = match owner {
+        Owner::Transfer(id) => *id as usize,
+        Owner::Participant(name) => name.bytes().map(usize::from).sum::<usize>() * 7,
+    };
+    key % PARTITIONS
+}
+
+fn fulfilment_of(n: usize) -> [u8; 32] {
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&(n as u64).to_le_bytes());
+    bytes[31] = 0xA5;
+    bytes
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Prepare {
+        payer: usize,
+        payee: usize,
+        amount: Amount,
+        expires_in_ms: u64,
+    },
+    Fulfil {
+        transfer: usize,
+        right_fulfilment: bool,
+        by_payee: bool,
+    },
+    Reject {
+        transfer: usize,
+    },
+    Tick,
+    Advance {
+        ms: u64,
+    },
+    Deliver {
+        pick: usize,
+    },
+    SetNdc {
+        participant: usize,
+        ndc: Amount,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..4usize, 0..4usize, 1..400i128, 1..300u64).prop_map(|(payer, payee, amount, expires_in_ms)| Op::Prepare { payer, payee, amount, expires_in_ms }),
+        3 => (0..64usize, prop::bool::weighted(0.9), prop::bool::weighted(0.9)).prop_map(|(transfer, right_fulfilment, by_payee)| Op::Fulfil { transfer, right_fulfilment, by_payee }),
+        1 => (0..64usize).prop_map(|transfer| Op::Reject { transfer }),
+        1 => Just(Op::Tick),
+        2 => (1..100u64).prop_map(|ms| Op::Advance { ms }),
+        8 => any::<usize>().prop_map(|pick| Op::Deliver { pick }),
+        1 => (0..4usize, 0..3000i128).prop_map(|(participant, ndc)| Op::SetNdc { participant, ndc }),
+    ]
+}
+
+struct Sim {
+    partitions: Vec<LedgerPartition>,
+    /// Follow-ups in flight, in order per (source, destination).
+    lanes: BTreeMap<(usize, usize), VecDeque<Command>>,
+    now_ms: u64,
+    /// Every state each transfer went through, in order.
+    history: HashMap<TransferId, Vec<TransferState>>,
+    prepared: Vec<TransferSpec>,
+}
+
+impl Sim {
+    fn new(ndcs: &[Amount]) -> Self {
+        let mut sim = Self {
+            partitions: (0..PARTITIONS)
+                .map(|_| LedgerPartition::default())
+                .collect(),
+            lanes: BTreeMap::new(),
+            now_ms: 1_000,
+            history: HashMap::new(),
+            prepared: Vec::new(),
+        };
+        for (name, ndc) in PARTICIPANTS.iter().zip(ndcs) {
+            let create = Command::CreateParticipant {
+                name: name.to_string(),
+                currency: "USD".into(),
+                ndc: *ndc,
+            };
+            let reply = sim.apply(&Owner::Participant(name.to_string()), create);
+            assert_eq!(reply, Reply::Participant(name.to_string()));
+        }
+        sim
+    }
+
+    fn apply(&mut self, owner: &Owner, command: Command) -> Reply {
+        let at = partition_of(owner);
+        let out = self.partitions[at].apply(command, self.now_ms);
+        for event in &out.events {
+            if let Event::TransferChanged { id, state } = event {
+                self.history.entry(*id).or_default().push(*state);
+            }
+        }
+        for (to, follow_up) in out.follow_ups {
+            self.lanes
+                .entry((at, partition_of(&to)))
+                .or_default()
+                .push_back(follow_up);
+        }
+        out.reply.expect("every command is answered")
+    }
+
+    fn deliver(&mut self, pick: usize) -> bool {
+        let busy: Vec<(usize, usize)> = self
+            .lanes
+            .iter()
+            .filter(|(_, queue)| !queue.is_empty())
+            .map(|(lane, _)| *lane)
+            .collect();
+        if busy.is_empty() {
+            return false;
+        }
+        let lane = busy[pick % busy.len()];
+        let command = self.lanes.get_mut(&lane).unwrap().pop_front().unwrap();
+        let out = self.partitions[lane.1].apply(command, self.now_ms);
+        assert_eq!(out.reply, Some(Reply::Done), "follow-ups answer nobody");
+        for event in &out.events {
+            if let Event::TransferChanged { id, state } = event {
+                self.history.entry(*id).or_default().push(*state);
+            }
+        }
+        for (to, follow_up) in out.follow_ups {
+            self.lanes
+                .entry((lane.1, partition_of(&to)))
+                .or_default()
+                .push_back(follow_up);
+        }
+        true
+    }
+
+    fn run(&mut self, op: &Op) {
+        match *op {
+            Op::Prepare {
+                payer,
+                payee,
+                amount,
+                expires_in_ms,
+            } => {
+                let n = self.prepared.len();
+                let spec = TransferSpec {
+                    id: 0x1000 + n as u128,
+                    payer: PARTICIPANTS[payer].into(),
+                    payee: PARTICIPANTS[payee].into(),
+                    currency: "USD".into(),
+                    amount,
+                    condition: Sha256::digest(fulfilment_of(n)).into(),
+                    expiration_ms: self.now_ms + expires_in_ms,
+                    content_hash: n as u64,
+                };
+                let reply = self.apply(&Owner::Transfer(spec.id), Command::Prepare(spec.clone()));
+                if payer == payee {
+                    assert!(matches!(reply, Reply::Refused(r) if r.code == ErrorCode::Validation));
+                } else {
+                    assert_eq!(reply, Reply::Transfer(spec.id, TransferState::Received));
+                    // A resent prepare answers the current state; a modified one is refused.
+                    let again =
+                        self.apply(&Owner::Transfer(spec.id), Command::Prepare(spec.clone()));
+                    assert!(matches!(again, Reply::Transfer(id, _) if id == spec.id));
+                    let mut modified = spec.clone();
+                    modified.content_hash ^= 1;
+                    let refused = self.apply(&Owner::Transfer(spec.id), Command::Prepare(modified));
+                    assert!(
+                        matches!(refused, Reply::Refused(r) if r.code == ErrorCode::ModifiedRequest)
+                    );
+                    self.prepared.push(spec);
+                }
+            }
+            Op::Fulfil {
+                transfer,
+                right_fulfilment,
+                by_payee,
+            } => {
+                if self.prepared.is_empty() {
+                    return;
+                }
+                let n = transfer % self.prepared.len();
+                let spec = self.prepared[n].clone();
+                let fulfilment = fulfilment_of(if right_fulfilment { n } else { n + 1 });
+                let source = if by_payee {
+                    spec.payee.clone()
+                } else {
+                    spec.payer.clone()
+                };
+                let before = self.state_of(spec.id);
+                let reply = self.apply(
+                    &Owner::Transfer(spec.id),
+                    Command::Fulfil {
+                        id: spec.id,
+                        source,
+                        fulfilment,
+                    },
+                );
+                let committed = reply == Reply::Transfer(spec.id, TransferState::Committed);
+                if committed && before != TransferState::Committed {
+                    assert!(before == TransferState::Reserved && right_fulfilment && by_payee);
+                    assert!(spec.expiration_ms > self.now_ms);
+                }
+            }
+            Op::Reject { transfer } => {
+                if self.prepared.is_empty() {
+                    return;
+                }
+                let spec = self.prepared[transfer % self.prepared.len()].clone();
+                self.apply(
+                    &Owner::Transfer(spec.id),
+                    Command::Reject {
+                        id: spec.id,
+                        source: spec.payee.clone(),
+                    },
+                );
+            }
+            Op::Tick => {
+                for partition in 0..PARTITIONS {
+                    let out = self.partitions[partition].apply(Command::Tick, self.now_ms);
+                    for event in &out.events {
+                        if let Event::TransferChanged { id, state } = event {
+                            self.history.entry(*id).or_default().push(*state);
+                        }
+                    }
+                    for (to, follow_up) in out.follow_ups {
+                        self.lanes
+                            .entry((partition, partition_of(&to)))
+                            .or_default()
+                            .push_back(follow_up);
+                    }
+                }
+            }
+            Op::Advance { ms } => self.now_ms += ms,
+            Op::Deliver { pick } => {
+                self.deliver(pick);
+            }
+            Op::SetNdc { participant, ndc } => {
+                let name = PARTICIPANTS[participant].to_string();
+                self.apply(
+                    &Owner::Participant(name.clone()),
+                    Command::SetNdc { name, ndc },
+                );
+            }
+        }
+    }
+
+    fn state_of(&self, id: TransferId) -> TransferState {
+        self.partitions[partition_of(&Owner::Transfer(id))]
+            .transfer(id)
+            .expect("prepared")
+            .state
+    }
+
+    fn participant(&self, name: &str) -> &crate::domain::Participant {
+        self.partitions[partition_of(&Owner::Participant(name.into()))]
+            .participant(name)
+            .expect("created")
+    }
+
+    /// Holds at every step, follow-ups in flight or not.
+    fn check_always(&self) {
+        for name in PARTICIPANTS {
+            let p = self.participant(name);
+            assert!(p.position + p.reserved <= p.ndc, "{name}: {p:?}");
+            assert!(p.reserved >= 0);
+        }
+        for (id, states) in &self.history {
+            assert_eq!(states[0], TransferState::Received, "{id}");
+            let finals = states.iter().filter(|s| s.is_final()).count();
+            assert!(finals <= 1, "transfer {id} went through {states:?}");
+            if finals == 1 {
+                assert!(states.last().unwrap().is_final(), "{id}: {states:?}");
+            }
+        }
+    }
+
+    /// Holds once no follow-up is in flight.
+    fn check_quiescent(&self) {
+        let mut reserved: HashMap<&str, Amount> = HashMap::new();
+        let mut position: HashMap<&str, Amount> = HashMap::new();
+        for spec in &self.prepared {
+            match self.state_of(spec.id) {
+                TransferState::Received => {
+                    panic!("{} still RECEIVED with nothing in flight", spec.id)
+                }
+                TransferState::Reserved => *reserved.entry(&spec.payer).or_default() += spec.amount,
+                TransferState::Committed => {
+                    *position.entry(&spec.payer).or_default() += spec.amount;
+                    *position.entry(&spec.payee).or_default() -= spec.amount;
+                }
+                TransferState::Aborted(_) => {}
+            }
+        }
+        let mut sum = 0;
+        for name in PARTICIPANTS {
+            let p = self.participant(name);
+            assert_eq!(
+                p.reserved,
+                reserved.get(name).copied().unwrap_or(0),
+                "{name} reserved"
+            );
+            assert_eq!(
+                p.position,
+                position.get(name).copied().unwrap_or(0),
+                "{name} position"
+            );
+            assert_eq!(
+                p.entries.iter().map(|e| e.change).sum::<Amount>(),
+                p.position
+            );
+            sum += p.position;
+        }
+        assert_eq!(sum, 0, "positions always sum to what they started at");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn invariants_hold_under_random_interleavings(
+        ndcs in prop::collection::vec(0..2000i128, 4),
+        ops in prop::collection::vec(op(), 1..300),
+    ) {
+        let mut sim = Sim::new(&ndcs);
+        for op in &ops {
+            sim.run(op);
+            sim.check_always();
+        }
+        // Let everything in flight land, then expire what is due and let that land too.
+        while sim.deliver(0) {}
+        sim.now_ms += 1_000;
+        sim.run(&Op::Tick);
+        while sim.deliver(0) {}
+        sim.check_always();
+        sim.check_quiescent();
+        for spec in &sim.prepared {
+            let state = sim.state_of(spec.id);
+            prop_assert!(state.is_final(), "{} ended {state:?}", spec.id);
+        }
+    }
+}
+
+#[test]
+fn a_reservation_over_the_cap_is_refused_with_4001_and_frees_nothing() {
+    let mut sim = Sim::new(&[100, 100, 100, 100]);
+    sim.run(&Op::Prepare {
+        payer: 0,
+        payee: 1,
+        amount: 60,
+        expires_in_ms: 500,
+    });
+    sim.run(&Op::Prepare {
+        payer: 0,
+        payee: 2,
+        amount: 50,
+        expires_in_ms: 500,
+    });
+    while sim.deliver(0) {}
+    let states: Vec<TransferState> = sim.prepared.iter().map(|s| sim.state_of(s.id)).collect();
+    let refused = TransferState::Aborted(AbortReason::Refused(ErrorCode::PayerLiquidity));
+    assert!(
+        states == [TransferState::Reserved, refused]
+            || states == [refused, TransferState::Reserved],
+        "{states:?}"
+    );
+    let expected = if states[0] == TransferState::Reserved {
+        60
+    } else {
+        50
+    };
+    assert_eq!(sim.participant("dfsp0").reserved, expected);
+}
+
+#[test]
+fn fulfil_after_expiry_gets_3303_and_releases_the_reservation() {
+    let mut sim = Sim::new(&[100, 100, 100, 100]);
+    sim.run(&Op::Prepare {
+        payer: 0,
+        payee: 1,
+        amount: 40,
+        expires_in_ms: 50,
+    });
+    while sim.deliver(0) {}
+    let spec = sim.prepared[0].clone();
+    assert_eq!(sim.state_of(spec.id), TransferState::Reserved);
+    sim.now_ms += 50;
+    let reply = sim.apply(
+        &Owner::Transfer(spec.id),
+        Command::Fulfil {
+            id: spec.id,
+            source: spec.payee.clone(),
+            fulfilment: fulfilment_of(0),
+        },
+    );
+    assert!(matches!(reply, Reply::Refused(r) if r.code == ErrorCode::Expired));
+    while sim.deliver(0) {}
+    assert_eq!(
+        sim.state_of(spec.id),
+        TransferState::Aborted(AbortReason::Expired)
+    );
+    assert_eq!(sim.participant("dfsp0").reserved, 0);
+    sim.check_quiescent();
+}
+
+#[test]
+fn unknown_payee_and_payer_are_refused_without_moving_money() {
+    let mut sim = Sim::new(&[100, 100, 100, 100]);
+    for (n, (payer, payee, code)) in [
+        ("dfsp0", "nobody", ErrorCode::PayeeNotFound),
+        ("nobody", "dfsp0", ErrorCode::PayerNotFound),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let spec = TransferSpec {
+            id: 7 + n as u128,
+            payer: payer.into(),
+            payee: payee.into(),
+            currency: "USD".into(),
+            amount: 5,
+            condition: [0; 32],
+            expiration_ms: sim.now_ms + 100,
+            content_hash: 1,
+        };
+        sim.apply(&Owner::Transfer(spec.id), Command::Prepare(spec.clone()));
+        while sim.deliver(0) {}
+        assert_eq!(
+            sim.state_of(spec.id),
+            TransferState::Aborted(AbortReason::Refused(code))
+        );
+    }
+    for name in PARTICIPANTS {
+        assert_eq!(sim.participant(name).reserved, 0);
+    }
+}
