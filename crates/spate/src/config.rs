@@ -101,6 +101,7 @@ pub struct AppOptions {
 const APPS: &[&str] = &[
     spate_fraud::APP_NAME,
     spate_leaderboard::APP_NAME,
+    spate_ledger::APP_NAME,
     spate_ski::APP_NAME,
     spate_tally::APP_NAME,
 ];
@@ -112,6 +113,7 @@ pub fn modules(names: &[String], options: &AppOptions) -> anyhow::Result<Vec<App
             spate_tally::APP_NAME => Ok(spate_tally::module()),
             spate_leaderboard::APP_NAME => Ok(spate_leaderboard::module()),
             spate_ski::APP_NAME => Ok(spate_ski::module(options.ski)),
+            spate_ledger::APP_NAME => Ok(spate_ledger::module()),
             spate_fraud::APP_NAME => {
                 let key = spate_fraud::cipher::load_or_create_key(&options.fraud_key_file)
                     .with_context(|| {

@@ -18,6 +18,7 @@
 //! money as told. So a transfer reaches COMMITTED or ABORTED at most once, and the positions of all
 //! participants sum to the same total whenever no follow-up is in flight.
 
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeSet, HashMap};
 
@@ -27,7 +28,7 @@ pub type Amount = i128;
 pub type TransferId = u128;
 
 /// FSPIOP error codes this ledger answers with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ErrorCode {
     /// 3100: generic validation error.
     Validation,
@@ -65,7 +66,7 @@ impl ErrorCode {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Refusal {
     pub code: ErrorCode,
     pub message: String,
@@ -78,7 +79,7 @@ fn refuse<T>(code: ErrorCode, message: impl Into<String>) -> Result<T, Refusal> 
     })
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum AbortReason {
     /// The payee rejected it.
     Rejected,
@@ -88,7 +89,7 @@ pub enum AbortReason {
     Refused(ErrorCode),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum TransferState {
     /// Prepared; the payer's reservation is on its way.
     Received,
@@ -115,7 +116,7 @@ impl TransferState {
 
 /// What a prepare asks for; `content_hash` covers every field of the request, so a resent prepare can be
 /// told from a modified one.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TransferSpec {
     pub id: TransferId,
     pub payer: String,
@@ -127,7 +128,7 @@ pub struct TransferSpec {
     pub content_hash: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Transfer {
     pub spec: TransferSpec,
     pub state: TransferState,
@@ -135,7 +136,7 @@ pub struct Transfer {
 }
 
 /// One change of a participant's position.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
     pub transfer: TransferId,
     pub change: Amount,
@@ -143,7 +144,7 @@ pub struct Entry {
     pub timestamp_ms: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Participant {
     pub currency: String,
     pub ndc: Amount,
@@ -153,7 +154,7 @@ pub struct Participant {
 }
 
 /// Everything a partition can be asked to do. The last six only ever arrive as follow-ups.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
     CreateParticipant {
         name: String,
@@ -212,14 +213,14 @@ pub enum Command {
 }
 
 /// Where a follow-up goes: the partition that owns this key.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Owner {
     Transfer(TransferId),
     Participant(String),
 }
 
 /// What a command changed, for the read model.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Event {
     ParticipantCreated {
         name: String,
@@ -237,13 +238,21 @@ pub enum Event {
         position: Amount,
         reserved: Amount,
     },
+    /// A transfer was prepared (followed by its `TransferChanged` to RECEIVED).
+    TransferPrepared {
+        id: TransferId,
+        payer: String,
+        payee: String,
+        currency: String,
+        amount: Amount,
+    },
     TransferChanged {
         id: TransferId,
         state: TransferState,
     },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     Participant(String),
     Transfer(TransferId, TransferState),
@@ -265,7 +274,7 @@ pub fn fulfils(fulfilment: &[u8; 32], condition: &[u8; 32]) -> bool {
 }
 
 /// The state one partition owns: some participants and some transfers.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LedgerPartition {
     participants: HashMap<String, Participant>,
     transfers: HashMap<TransferId, Transfer>,
@@ -469,6 +478,13 @@ impl LedgerPartition {
             },
         ));
         self.expiries.insert((spec.expiration_ms, id));
+        out.events.push(Event::TransferPrepared {
+            id,
+            payer: spec.payer.clone(),
+            payee: spec.payee.clone(),
+            currency: spec.currency.clone(),
+            amount: spec.amount,
+        });
         self.transfers.insert(
             id,
             Transfer {

@@ -1,10 +1,44 @@
 //! ledger: two-phase transfers between participants (FSPIOP's financial service providers) with
 //! positions, net-debit caps, duplicate checks and expiry.
 //!
-//! This crate holds the rules (`domain.rs`) and their checks; the engine adapter, the HTTP API and the
-//! read model come next (issue 5).
+//! - `domain.rs`: the rules, as one partition applies them (pure; time comes with each command).
+//! - `state.rs`: the rules on the engine: postcard-encoded commands, replies and events, follow-ups
+//!   routed to the partition of the transfer or participant they concern.
+//! - `model.rs`: the read model over all partitions, and the wake-up of prepares waiting for their
+//!   reservation.
+//! - `amount.rs`: FSPIOP decimal amounts held exactly in minor units. `http.rs`: the API.
 
+mod amount;
 pub mod domain;
+mod http;
+mod model;
+mod state;
 
 #[cfg(test)]
 mod tests;
+
+use spate_engine::AppSpec;
+use spate_server::AppModule;
+use std::sync::{Arc, Mutex, RwLock};
+
+pub const APP_ID: spate_engine::AppId = 2;
+pub const APP_NAME: &str = "ledger";
+
+pub fn module() -> AppModule {
+    let model = Arc::new(RwLock::new(model::LedgerModel::default()));
+    let waiters: model::Waiters = Arc::new(Mutex::new(Default::default()));
+    let spec = AppSpec {
+        id: APP_ID,
+        name: APP_NAME,
+        new_state: Box::new(|_| Box::new(state::LedgerState::default())),
+        restore: Box::new(|_, input| Ok(Box::new(state::LedgerState::restore(input)?))),
+        projection: Some(Box::new(model::LedgerProjection {
+            model: model.clone(),
+            waiters: waiters.clone(),
+        })),
+    };
+    AppModule {
+        spec,
+        routes: Box::new(move |engine, _| Ok(http::routes(engine, model, waiters))),
+    }
+}

@@ -1,0 +1,671 @@
+//! The ledger's HTTP API: participants, and FSPIOP-shaped transfers (prepare, fulfil, reject, get).
+//!
+//! A prepare is answered once its reservation is settled (RESERVED, or the refusal's FSPIOP code), which
+//! takes three group commits: the transfer's partition, the payee's, the payer's, and back. FSPIOP itself
+//! answers 202 and calls back; answering with the outcome saves the client a callback endpoint. GETs of
+//! one transfer or participant are read from its partition (consistent with every acknowledged
+//! write); `GET /participants` lists all of them from the read model, which may lag by a group commit.
+
+use crate::amount;
+use crate::domain::{
+    AbortReason, Amount, Command, ErrorCode, Refusal, Reply, TransferId, TransferSpec,
+    TransferState,
+};
+use crate::model::{LedgerModel, Waiters};
+use crate::state::{LedgerState, decode, encode, owner_key};
+use crate::{APP_ID, domain::Owner};
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::routing::{get, post, put};
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use spate_engine::EngineHandle;
+use spate_server::api::{json, reply_bytes};
+use spate_server::{ApiError, ApiJson};
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// Longest FSP name (FSPIOP's FspId).
+const NAME_BYTES_MAX: usize = 32;
+/// How long a prepare waits for its reservation before answering RECEIVED.
+const RESERVATION_WAIT: Duration = Duration::from_secs(10);
+/// Most entries one page returns.
+const ENTRIES_PAGE_MAX: usize = 1_000;
+/// How often every partition is told the time, so due transfers expire without other traffic.
+const TICK_INTERVAL: Duration = Duration::from_secs(1);
+
+struct Ledger {
+    engine: EngineHandle,
+    model: Arc<RwLock<LedgerModel>>,
+    waiters: Waiters,
+}
+
+type Ctx = State<Arc<Ledger>>;
+
+/// The FSPIOP error as spate's error shape: the code is FSPIOP's, the status follows from it.
+fn refusal_error(refusal: Refusal) -> ApiError {
+    let status = match refusal.code {
+        ErrorCode::Validation
+        | ErrorCode::Expired
+        | ErrorCode::PayerNotFound
+        | ErrorCode::PayeeNotFound => StatusCode::BAD_REQUEST,
+        ErrorCode::ModifiedRequest | ErrorCode::ParticipantExists => StatusCode::CONFLICT,
+        ErrorCode::TransferNotFound | ErrorCode::ParticipantNotFound => StatusCode::NOT_FOUND,
+        ErrorCode::PayerLiquidity => StatusCode::UNPROCESSABLE_ENTITY,
+    };
+    ApiError::new(status, refusal.code.code().to_string(), refusal.message)
+}
+
+fn validation(message: impl Into<String>) -> ApiError {
+    refusal_error(Refusal {
+        code: ErrorCode::Validation,
+        message: message.into(),
+    })
+}
+
+fn check_name(field: &str, name: &str) -> Result<(), ApiError> {
+    let valid = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+    if name.is_empty() || name.len() > NAME_BYTES_MAX || !name.bytes().all(valid) {
+        return Err(validation(format!(
+            "{field} must be 1 to {NAME_BYTES_MAX} characters of A-Z, a-z, 0-9, '-', '_' or '.'"
+        )));
+    }
+    Ok(())
+}
+
+fn check_currency(currency: &str) -> Result<(), ApiError> {
+    if amount::valid_currency(currency) {
+        Ok(())
+    } else {
+        Err(validation(format!(
+            "currency {currency:?} is not three capital letters (ISO 4217)"
+        )))
+    }
+}
+
+/// FSPIOP's `transferId`: a UUID in its canonical 8-4-4-4-12 form.
+fn parse_transfer_id(text: &str) -> Result<TransferId, ApiError> {
+    let bytes = text.as_bytes();
+    let dashes_at = [8, 13, 18, 23];
+    let shaped = bytes.len() == 36
+        && bytes.iter().enumerate().all(|(i, b)| {
+            if dashes_at.contains(&i) {
+                *b == b'-'
+            } else {
+                b.is_ascii_hexdigit()
+            }
+        });
+    if !shaped {
+        return Err(validation(format!(
+            "transferId {:?} is not a UUID such as \"b51ec534-ee48-4575-b6a9-ead2955b8069\"",
+            text.chars().take(40).collect::<String>()
+        )));
+    }
+    let hex: String = text.chars().filter(|c| *c != '-').collect();
+    Ok(u128::from_str_radix(&hex, 16).expect("checked hex digits"))
+}
+
+fn format_transfer_id(id: TransferId) -> String {
+    let hex = format!("{id:032x}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
+/// A condition or fulfilment: base64url without padding of 32 bytes (43 characters).
+fn parse_32_bytes(field: &str, text: &str) -> Result<[u8; 32], ApiError> {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(text)
+        .ok()
+        .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
+        .ok_or_else(|| {
+            validation(format!(
+                "{field} must be 32 bytes in base64url without padding (43 characters)"
+            ))
+        })
+}
+
+fn parse_time_ms(field: &str, text: &str) -> Result<u64, ApiError> {
+    let parsed = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .map_err(|e| {
+            validation(format!(
+                "{field} {text:?} is not an RFC 3339 date-time: {e}"
+            ))
+        })?;
+    u64::try_from(parsed.unix_timestamp_nanos() / 1_000_000)
+        .map_err(|_| validation(format!("{field} is before 1970")))
+}
+
+fn format_time_ms(ms: u64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
+impl Ledger {
+    async fn submit(&self, owner: &Owner, command: &Command) -> Result<Reply, ApiError> {
+        let partition = self.engine.partition_of(&owner_key(owner));
+        let reply = self
+            .engine
+            .submit(partition, APP_ID, None, encode(command))
+            .await?;
+        let bytes = reply_bytes(reply)?;
+        decode(&bytes).map_err(|e| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        })
+    }
+
+    async fn read<R: Send + 'static>(
+        &self,
+        owner: &Owner,
+        read: impl FnOnce(&LedgerState) -> R + Send + 'static,
+    ) -> Result<R, ApiError> {
+        let partition = self.engine.partition_of(&owner_key(owner));
+        Ok(self.engine.query(partition, APP_ID, read).await?)
+    }
+
+    /// A participant's currency, from its partition.
+    async fn currency_of(&self, name: &str) -> Result<String, ApiError> {
+        let lookup = name.to_string();
+        self.read(&Owner::Participant(name.into()), move |state| {
+            state
+                .ledger
+                .participant(&lookup)
+                .map(|p| p.currency.clone())
+        })
+        .await?
+        .ok_or_else(|| no_participant(name))
+    }
+}
+
+fn no_participant(name: &str) -> ApiError {
+    refusal_error(Refusal {
+        code: ErrorCode::ParticipantNotFound,
+        message: format!("no participant {name}"),
+    })
+}
+
+fn transfer_body(id: TransferId, state: TransferState) -> Value {
+    let mut body = json!({ "transferId": format_transfer_id(id), "transferState": state.name() });
+    match state {
+        TransferState::Aborted(AbortReason::Refused(code)) => {
+            body["errorCode"] = json!(code.code().to_string());
+        }
+        TransferState::Aborted(AbortReason::Expired) => {
+            body["errorCode"] = json!(ErrorCode::Expired.code().to_string());
+        }
+        _ => {}
+    }
+    body
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewParticipant {
+    name: String,
+    currency: String,
+    ndc: String,
+}
+
+async fn create_participant(
+    State(ledger): Ctx,
+    ApiJson(body): ApiJson<NewParticipant>,
+) -> Result<Response, ApiError> {
+    check_name("name", &body.name)?;
+    check_currency(&body.currency)?;
+    let ndc = amount::parse(&body.ndc, &body.currency).map_err(validation)?;
+    let command = Command::CreateParticipant {
+        name: body.name.clone(),
+        currency: body.currency.clone(),
+        ndc,
+    };
+    match ledger
+        .submit(&Owner::Participant(body.name.clone()), &command)
+        .await?
+    {
+        Reply::Participant(_) => Ok(json(
+            StatusCode::CREATED,
+            &participant_body(&body.name, &body.currency, ndc, 0, 0),
+        )),
+        Reply::Refused(refusal) => Err(refusal_error(refusal)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+fn unexpected(reply: &Reply) -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        format!("unexpected ledger reply {reply:?}"),
+    )
+}
+
+fn participant_body(
+    name: &str,
+    currency: &str,
+    ndc: Amount,
+    position: Amount,
+    reserved: Amount,
+) -> Value {
+    json!({
+        "name": name,
+        "currency": currency,
+        "ndc": amount::format(ndc, currency),
+        "position": amount::format(position, currency),
+        "reserved": amount::format(reserved, currency),
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewNdc {
+    ndc: String,
+}
+
+async fn set_ndc(
+    State(ledger): Ctx,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<NewNdc>,
+) -> Result<Response, ApiError> {
+    check_name("name", &name)?;
+    let currency = ledger.currency_of(&name).await?;
+    let ndc = amount::parse(&body.ndc, &currency).map_err(validation)?;
+    let command = Command::SetNdc {
+        name: name.clone(),
+        ndc,
+    };
+    match ledger
+        .submit(&Owner::Participant(name.clone()), &command)
+        .await?
+    {
+        Reply::Participant(_) => get_participant(State(ledger), Path(name)).await,
+        Reply::Refused(refusal) => Err(refusal_error(refusal)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+async fn get_participant(
+    State(ledger): Ctx,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    check_name("name", &name)?;
+    let lookup = name.clone();
+    let found = ledger
+        .read(&Owner::Participant(name.clone()), move |state| {
+            state
+                .ledger
+                .participant(&lookup)
+                .map(|p| (p.currency.clone(), p.ndc, p.position, p.reserved))
+        })
+        .await?;
+    let (currency, ndc, position, reserved) = found.ok_or_else(|| no_participant(&name))?;
+    Ok(json(
+        StatusCode::OK,
+        &participant_body(&name, &currency, ndc, position, reserved),
+    ))
+}
+
+#[derive(Deserialize)]
+struct Page {
+    offset: Option<usize>,
+    limit: Option<usize>,
+}
+
+async fn get_entries(
+    State(ledger): Ctx,
+    Path(name): Path<String>,
+    Query(page): Query<Page>,
+) -> Result<Response, ApiError> {
+    check_name("name", &name)?;
+    let offset = page.offset.unwrap_or(0);
+    let limit = page.limit.unwrap_or(100);
+    if limit == 0 || limit > ENTRIES_PAGE_MAX {
+        return Err(validation(format!("limit must be 1 to {ENTRIES_PAGE_MAX}")));
+    }
+    let lookup = name.clone();
+    let found = ledger
+        .read(&Owner::Participant(name.clone()), move |state| {
+            state.ledger.participant(&lookup).map(|p| {
+                let page: Vec<_> = p.entries.iter().skip(offset).take(limit).copied().collect();
+                (p.currency.clone(), p.entries.len(), page)
+            })
+        })
+        .await?;
+    let (currency, total, entries) = found.ok_or_else(|| no_participant(&name))?;
+    let entries: Vec<Value> = entries
+        .iter()
+        .map(|e| {
+            json!({
+                "transferId": format_transfer_id(e.transfer),
+                "change": amount::format(e.change, &currency),
+                "position": amount::format(e.position_after, &currency),
+                "timestamp": format_time_ms(e.timestamp_ms),
+            })
+        })
+        .collect();
+    Ok(json(
+        StatusCode::OK,
+        &json!({ "name": name, "total": total, "offset": offset, "entries": entries }),
+    ))
+}
+
+/// Every participant from the read model, with the sum of positions (zero whenever no transfer step
+/// is in flight) and the read model's lag.
+async fn list_participants(State(ledger): Ctx) -> Response {
+    let model = ledger
+        .model
+        .read()
+        .expect("the ledger model lock is never poisoned");
+    let mut names: Vec<&String> = model.participants.keys().collect();
+    names.sort();
+    let participants: Vec<Value> = names
+        .iter()
+        .map(|name| {
+            let p = &model.participants[*name];
+            participant_body(name, &p.currency, p.ndc, p.position, p.reserved)
+        })
+        .collect();
+    let mut sums: HashMap<&str, Amount> = HashMap::new();
+    for p in model.participants.values() {
+        *sums.entry(&p.currency).or_default() += p.position;
+    }
+    let position_sums: HashMap<&str, String> = sums
+        .iter()
+        .map(|(currency, sum)| (*currency, amount::format(*sum, currency)))
+        .collect();
+    let lag = ledger.engine.projection_lag(APP_ID).unwrap_or(0);
+    json(
+        StatusCode::OK,
+        &json!({ "participants": participants, "positionSums": position_sums, "lagRecords": lag }),
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Money {
+    currency: String,
+    amount: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Prepare {
+    transfer_id: String,
+    payer_fsp: String,
+    payee_fsp: String,
+    amount: Money,
+    condition: String,
+    expiration: String,
+    ilp_packet: Option<String>,
+    extension_list: Option<Value>,
+}
+
+fn transfer_spec(body: &Prepare) -> Result<TransferSpec, ApiError> {
+    let id = parse_transfer_id(&body.transfer_id)?;
+    check_name("payerFsp", &body.payer_fsp)?;
+    check_name("payeeFsp", &body.payee_fsp)?;
+    if body.payer_fsp == body.payee_fsp {
+        return Err(validation("payerFsp and payeeFsp must differ"));
+    }
+    check_currency(&body.amount.currency)?;
+    let amount = amount::parse(&body.amount.amount, &body.amount.currency).map_err(validation)?;
+    if amount <= 0 {
+        return Err(validation("amount must be positive"));
+    }
+    let condition = parse_32_bytes("condition", &body.condition)?;
+    let expiration_ms = parse_time_ms("expiration", &body.expiration)?;
+    // Everything the request says, so a resend is told from a modified request.
+    let canonical = serde_json::to_vec(&json!([
+        body.transfer_id,
+        body.payer_fsp,
+        body.payee_fsp,
+        body.amount.currency,
+        amount.to_string(),
+        body.condition,
+        expiration_ms,
+        body.ilp_packet,
+        body.extension_list,
+    ]))
+    .expect("JSON encodes");
+    Ok(TransferSpec {
+        id,
+        payer: body.payer_fsp.clone(),
+        payee: body.payee_fsp.clone(),
+        currency: body.amount.currency.clone(),
+        amount,
+        condition,
+        expiration_ms,
+        content_hash: xxhash_rust::xxh3::xxh3_64(&canonical),
+    })
+}
+
+/// Removes this request's waiter when it is done, answered or not.
+struct Waiting<'a> {
+    waiters: &'a Waiters,
+    id: TransferId,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut waiters = self
+            .waiters
+            .lock()
+            .expect("the waiters lock is never poisoned");
+        if let Some(list) = waiters.get_mut(&self.id) {
+            list.retain(|sender| !sender.is_closed());
+            if list.is_empty() {
+                waiters.remove(&self.id);
+            }
+        }
+    }
+}
+
+fn settled(id: TransferId, state: TransferState) -> Result<Response, ApiError> {
+    match state {
+        TransferState::Aborted(AbortReason::Refused(code)) => Err(refusal_error(Refusal {
+            code,
+            message: match code {
+                ErrorCode::PayerLiquidity => {
+                    "the payer's position and reservations would exceed its net debit cap".into()
+                }
+                ErrorCode::PayerNotFound => "no such payer".into(),
+                ErrorCode::PayeeNotFound => "no such payee".into(),
+                _ => "the payer or payee does not hold this currency".into(),
+            },
+        })),
+        TransferState::Aborted(AbortReason::Expired) => Err(refusal_error(Refusal {
+            code: ErrorCode::Expired,
+            message: "the transfer expired before it was reserved".into(),
+        })),
+        TransferState::Received => Ok(json(StatusCode::ACCEPTED, &transfer_body(id, state))),
+        _ => Ok(json(StatusCode::CREATED, &transfer_body(id, state))),
+    }
+}
+
+async fn prepare(
+    State(ledger): Ctx,
+    ApiJson(body): ApiJson<Prepare>,
+) -> Result<Response, ApiError> {
+    let spec = transfer_spec(&body)?;
+    let id = spec.id;
+    let (sender, reservation) = tokio::sync::oneshot::channel();
+    ledger
+        .waiters
+        .lock()
+        .expect("the waiters lock is never poisoned")
+        .entry(id)
+        .or_default()
+        .push(sender);
+    let _waiting = Waiting {
+        waiters: &ledger.waiters,
+        id,
+    };
+    match ledger
+        .submit(&Owner::Transfer(id), &Command::Prepare(spec))
+        .await?
+    {
+        Reply::Transfer(_, TransferState::Received) => {
+            match tokio::time::timeout(RESERVATION_WAIT, reservation).await {
+                Ok(Ok(state)) => settled(id, state),
+                // Still on its way: the client asks again with GET, as FSPIOP clients do.
+                _ => settled(id, TransferState::Received),
+            }
+        }
+        Reply::Transfer(_, state) => settled(id, state),
+        Reply::Refused(refusal) => Err(refusal_error(refusal)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Completion {
+    transfer_state: String,
+    fulfilment: Option<String>,
+    completed_timestamp: Option<String>,
+    /// Accepted as FSPIOP allows it; nothing here reads it.
+    #[serde(rename = "extensionList", default)]
+    _extension_list: Option<serde::de::IgnoredAny>,
+}
+
+fn source_of(headers: &HeaderMap) -> Result<String, ApiError> {
+    let source = headers
+        .get("fspiop-source")
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| validation("the FSPIOP-Source header names the FSP making the request"))?;
+    check_name("FSPIOP-Source", source)?;
+    Ok(source.to_string())
+}
+
+async fn complete(
+    State(ledger): Ctx,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<Completion>,
+) -> Result<Response, ApiError> {
+    let id = parse_transfer_id(&id)?;
+    let source = source_of(&headers)?;
+    if let Some(at) = &body.completed_timestamp {
+        parse_time_ms("completedTimestamp", at)?;
+    }
+    let command = match body.transfer_state.as_str() {
+        "COMMITTED" => {
+            let fulfilment = body
+                .fulfilment
+                .as_deref()
+                .ok_or_else(|| validation("a COMMITTED completion needs its fulfilment"))?;
+            Command::Fulfil {
+                id,
+                source,
+                fulfilment: parse_32_bytes("fulfilment", fulfilment)?,
+            }
+        }
+        "ABORTED" => Command::Reject { id, source },
+        other => {
+            return Err(validation(format!(
+                "transferState must be COMMITTED or ABORTED, got {other:?}"
+            )));
+        }
+    };
+    finish(&ledger, id, command).await
+}
+
+async fn finish(ledger: &Ledger, id: TransferId, command: Command) -> Result<Response, ApiError> {
+    match ledger.submit(&Owner::Transfer(id), &command).await? {
+        Reply::Transfer(_, state) => Ok(json(StatusCode::OK, &transfer_body(id, state))),
+        Reply::Refused(refusal) => Err(refusal_error(refusal)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// `PUT /transfers/{id}/error`: the payee reports an error, which aborts the transfer.
+async fn error_callback(
+    State(ledger): Ctx,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<Value>,
+) -> Result<Response, ApiError> {
+    let id = parse_transfer_id(&id)?;
+    let source = source_of(&headers)?;
+    if !body["errorInformation"]["errorCode"].is_string() {
+        return Err(validation(
+            "the body must be {\"errorInformation\": {\"errorCode\", \"errorDescription\"}}",
+        ));
+    }
+    finish(&ledger, id, Command::Reject { id, source }).await
+}
+
+async fn get_transfer(State(ledger): Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let id = parse_transfer_id(&id)?;
+    let found = ledger
+        .read(&Owner::Transfer(id), move |state| {
+            state.ledger.transfer(id).cloned()
+        })
+        .await?;
+    let transfer = found.ok_or_else(|| {
+        refusal_error(Refusal {
+            code: ErrorCode::TransferNotFound,
+            message: format!("no transfer {}", format_transfer_id(id)),
+        })
+    })?;
+    let spec = &transfer.spec;
+    let mut body = transfer_body(id, transfer.state);
+    body["payerFsp"] = json!(spec.payer);
+    body["payeeFsp"] = json!(spec.payee);
+    body["amount"] =
+        json!({"currency": spec.currency, "amount": amount::format(spec.amount, &spec.currency)});
+    body["expiration"] = json!(format_time_ms(spec.expiration_ms));
+    Ok(json(StatusCode::OK, &body))
+}
+
+/// Tells every partition the time once per interval, so due transfers expire even without traffic.
+fn spawn_ticks(engine: EngineHandle) {
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(TICK_INTERVAL);
+        loop {
+            interval.tick().await;
+            for partition in 0..engine.partition_count() {
+                // A full queue skips this tick; the next one expires the same transfers.
+                let _ = engine.enqueue(partition, APP_ID, None, encode(&Command::Tick));
+            }
+        }
+    });
+}
+
+pub(crate) fn routes(
+    engine: EngineHandle,
+    model: Arc<RwLock<LedgerModel>>,
+    waiters: Waiters,
+) -> Router {
+    spawn_ticks(engine.clone());
+    let ledger = Arc::new(Ledger {
+        engine,
+        model,
+        waiters,
+    });
+    Router::new()
+        .route(
+            "/participants",
+            post(create_participant).get(list_participants),
+        )
+        .route("/participants/{name}", get(get_participant))
+        .route("/participants/{name}/ndc", put(set_ndc))
+        .route("/participants/{name}/entries", get(get_entries))
+        .route("/transfers", post(prepare))
+        .route("/transfers/{id}", put(complete).get(get_transfer))
+        .route("/transfers/{id}/error", put(error_callback))
+        .with_state(ledger)
+}

@@ -1,0 +1,149 @@
+//! The read model over all partitions: every transfer's state and every participant's position, built
+//! by a projection from the ledger's events (`GET /participants` lists it; single transfers and
+//! participants are read from their partitions). The projection also wakes the requests waiting for a
+//! prepared transfer's reservation.
+
+use crate::domain::{Amount, Event, TransferId, TransferState};
+use crate::state::{decode, encode, read_prefixed, write_prefixed};
+use serde::{Deserialize, Serialize};
+use spate_engine::{Lsn, PartitionId, Projection};
+use std::collections::HashMap;
+use std::io;
+use std::sync::{Arc, Mutex, RwLock};
+use tokio::sync::oneshot;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferView {
+    pub payer: String,
+    pub payee: String,
+    pub currency: String,
+    pub amount: Amount,
+    pub state: TransferState,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParticipantView {
+    pub currency: String,
+    pub ndc: Amount,
+    pub position: Amount,
+    pub reserved: Amount,
+}
+
+#[derive(Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerModel {
+    pub transfers: HashMap<TransferId, TransferView>,
+    pub participants: HashMap<String, ParticipantView>,
+}
+
+impl LedgerModel {
+    fn apply(&mut self, event: Event) {
+        match event {
+            Event::ParticipantCreated {
+                name,
+                currency,
+                ndc,
+            } => {
+                self.participants.insert(
+                    name,
+                    ParticipantView {
+                        currency,
+                        ndc,
+                        position: 0,
+                        reserved: 0,
+                    },
+                );
+            }
+            Event::NdcChanged { name, ndc } => {
+                if let Some(p) = self.participants.get_mut(&name) {
+                    p.ndc = ndc;
+                }
+            }
+            Event::ParticipantChanged {
+                name,
+                position,
+                reserved,
+                ..
+            } => {
+                let Some(p) = self.participants.get_mut(&name) else {
+                    return;
+                };
+                p.position = position;
+                p.reserved = reserved;
+            }
+            Event::TransferPrepared {
+                id,
+                payer,
+                payee,
+                currency,
+                amount,
+            } => {
+                self.transfers.insert(
+                    id,
+                    TransferView {
+                        payer,
+                        payee,
+                        currency,
+                        amount,
+                        state: TransferState::Received,
+                    },
+                );
+            }
+            Event::TransferChanged { id, state } => {
+                if let Some(t) = self.transfers.get_mut(&id) {
+                    t.state = state;
+                }
+            }
+        }
+    }
+}
+
+/// Requests waiting for a transfer to leave RECEIVED.
+pub type Waiters = Arc<Mutex<HashMap<TransferId, Vec<oneshot::Sender<TransferState>>>>>;
+
+pub struct LedgerProjection {
+    pub model: Arc<RwLock<LedgerModel>>,
+    pub waiters: Waiters,
+}
+
+impl Projection for LedgerProjection {
+    fn apply(&mut self, _partition: PartitionId, _lsn: Lsn, _timestamp_ms: u64, event: &[u8]) {
+        let event: Event = decode(event).expect("the ledger emits only events it encoded");
+        let settled = match &event {
+            Event::TransferChanged { id, state } if *state != TransferState::Received => {
+                Some((*id, *state))
+            }
+            _ => None,
+        };
+        self.model
+            .write()
+            .expect("the ledger model lock is never poisoned")
+            .apply(event);
+        if let Some((id, state)) = settled {
+            let waiting = self
+                .waiters
+                .lock()
+                .expect("the waiters lock is never poisoned")
+                .remove(&id);
+            for waiter in waiting.into_iter().flatten() {
+                let _ = waiter.send(state);
+            }
+        }
+    }
+
+    fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
+        let model = self
+            .model
+            .read()
+            .expect("the ledger model lock is never poisoned");
+        write_prefixed(out, &encode(&*model))
+    }
+
+    fn restore(&mut self, input: &mut dyn io::Read) -> io::Result<()> {
+        let restored = read_prefixed(input)?;
+        *self
+            .model
+            .write()
+            .expect("the ledger model lock is never poisoned") = restored;
+        Ok(())
+    }
+}

@@ -1,0 +1,107 @@
+//! The ledger on the engine: commands, replies and events as postcard bytes, follow-ups routed by owner,
+//! and the partition's snapshot.
+
+use crate::domain::{Command, Event, LedgerPartition, Owner, Reply};
+use spate_engine::wire::{ReadLe, WriteLe};
+use spate_engine::{Effects, Origin, StateMachine};
+use std::io;
+
+/// The key whose partition owns `owner`: transfers by id, participants by name, in separate spaces.
+pub fn owner_key(owner: &Owner) -> Vec<u8> {
+    match owner {
+        Owner::Transfer(id) => {
+            let mut key = vec![b't'];
+            key.extend_from_slice(&id.to_le_bytes());
+            key
+        }
+        Owner::Participant(name) => {
+            let mut key = vec![b'p'];
+            key.extend_from_slice(name.as_bytes());
+            key
+        }
+    }
+}
+
+pub fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    postcard::to_stdvec(value).expect("ledger values always encode")
+}
+
+pub fn decode<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, postcard::Error> {
+    postcard::from_bytes(bytes)
+}
+
+/// Writes `bytes` behind a u64 length, so a reader takes exactly its own share of a longer stream.
+pub fn write_prefixed(out: &mut dyn io::Write, bytes: &[u8]) -> io::Result<()> {
+    out.write_u64_le(bytes.len() as u64)?;
+    out.write_all(bytes)
+}
+
+/// Reads what [`write_prefixed`] wrote and decodes it.
+pub fn read_prefixed<T: serde::de::DeserializeOwned>(input: &mut dyn io::Read) -> io::Result<T> {
+    let len = input.read_u64_le()?;
+    let mut bytes = vec![0; usize::try_from(len).map_err(io::Error::other)?];
+    input.read_exact(&mut bytes)?;
+    decode(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Commands a client may send; the others are steps of a transfer and only come as follow-ups.
+fn from_clients(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::CreateParticipant { .. }
+            | Command::SetNdc { .. }
+            | Command::Prepare(_)
+            | Command::Fulfil { .. }
+            | Command::Reject { .. }
+            | Command::Tick
+    )
+}
+
+#[derive(Debug, Default)]
+pub struct LedgerState {
+    pub ledger: LedgerPartition,
+}
+
+impl LedgerState {
+    /// Reads exactly what `write_snapshot` wrote (other apps' state follows in the stream).
+    pub fn restore(input: &mut dyn io::Read) -> io::Result<Self> {
+        Ok(Self {
+            ledger: read_prefixed(input)?,
+        })
+    }
+}
+
+impl StateMachine for LedgerState {
+    fn apply(&mut self, command: &spate_engine::Command<'_>, effects: &mut Effects<'_>) {
+        let reply = match decode::<Command>(command.payload) {
+            Err(error) => Reply::Refused(crate::domain::Refusal {
+                code: crate::domain::ErrorCode::Validation,
+                message: format!("undecodable ledger command: {error}"),
+            }),
+            Ok(decoded)
+                if matches!(command.envelope.origin, Origin::Client { .. })
+                    && !from_clients(&decoded) =>
+            {
+                Reply::Refused(crate::domain::Refusal {
+                    code: crate::domain::ErrorCode::Validation,
+                    message: "this step of a transfer is internal".into(),
+                })
+            }
+            Ok(decoded) => {
+                let out = self.ledger.apply(decoded, command.envelope.timestamp_ms);
+                for event in &out.events {
+                    effects.emit(&encode::<Event>(event));
+                }
+                for (owner, follow_up) in &out.follow_ups {
+                    effects.follow_up(&owner_key(owner), encode(follow_up));
+                }
+                out.reply.expect("the domain answers every command")
+            }
+        };
+        effects.reply().extend_from_slice(&encode(&reply));
+    }
+
+    fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
+        write_prefixed(out, &encode(&self.ledger))
+    }
+}
