@@ -15,6 +15,7 @@ use crate::model::{LedgerModel, Waiters};
 use crate::state::{LedgerState, decode, encode, owner_key};
 use crate::{APP_ID, domain::Owner};
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -23,8 +24,8 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use spate_engine::EngineHandle;
+use spate_server::ApiError;
 use spate_server::api::{json, reply_bytes};
-use spate_server::{ApiError, ApiJson};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -65,6 +66,12 @@ fn validation(message: impl Into<String>) -> ApiError {
         code: ErrorCode::Validation,
         message: message.into(),
     })
+}
+
+/// A JSON body under any content type: FSPIOP clients send `application/vnd.interoperability.*+json`.
+/// What does not parse is a 3100 naming the problem.
+fn parse_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| validation(format!("invalid JSON body: {e}")))
 }
 
 fn check_name(field: &str, name: &str) -> Result<(), ApiError> {
@@ -220,10 +227,8 @@ struct NewParticipant {
     ndc: String,
 }
 
-async fn create_participant(
-    State(ledger): Ctx,
-    ApiJson(body): ApiJson<NewParticipant>,
-) -> Result<Response, ApiError> {
+async fn create_participant(State(ledger): Ctx, body: Bytes) -> Result<Response, ApiError> {
+    let body: NewParticipant = parse_body(&body)?;
     check_name("name", &body.name)?;
     check_currency(&body.currency)?;
     let ndc = amount::parse(&body.ndc, &body.currency).map_err(validation)?;
@@ -278,8 +283,9 @@ struct NewNdc {
 async fn set_ndc(
     State(ledger): Ctx,
     Path(name): Path<String>,
-    ApiJson(body): ApiJson<NewNdc>,
+    body: Bytes,
 ) -> Result<Response, ApiError> {
+    let body: NewNdc = parse_body(&body)?;
     check_name("name", &name)?;
     let currency = ledger.currency_of(&name).await?;
     let ndc = amount::parse(&body.ndc, &currency).map_err(validation)?;
@@ -495,10 +501,8 @@ fn settled(id: TransferId, state: TransferState) -> Result<Response, ApiError> {
     }
 }
 
-async fn prepare(
-    State(ledger): Ctx,
-    ApiJson(body): ApiJson<Prepare>,
-) -> Result<Response, ApiError> {
+async fn prepare(State(ledger): Ctx, body: Bytes) -> Result<Response, ApiError> {
+    let body: Prepare = parse_body(&body)?;
     let spec = transfer_spec(&body)?;
     let id = spec.id;
     let (sender, reservation) = tokio::sync::oneshot::channel();
@@ -554,8 +558,9 @@ async fn complete(
     State(ledger): Ctx,
     Path(id): Path<String>,
     headers: HeaderMap,
-    ApiJson(body): ApiJson<Completion>,
+    body: Bytes,
 ) -> Result<Response, ApiError> {
+    let body: Completion = parse_body(&body)?;
     let id = parse_transfer_id(&id)?;
     let source = source_of(&headers)?;
     if let Some(at) = &body.completed_timestamp {
@@ -596,8 +601,9 @@ async fn error_callback(
     State(ledger): Ctx,
     Path(id): Path<String>,
     headers: HeaderMap,
-    ApiJson(body): ApiJson<Value>,
+    body: Bytes,
 ) -> Result<Response, ApiError> {
+    let body: Value = parse_body(&body)?;
     let id = parse_transfer_id(&id)?;
     let source = source_of(&headers)?;
     if !body["errorInformation"]["errorCode"].is_string() {

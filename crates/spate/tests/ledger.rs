@@ -1,0 +1,580 @@
+//! The ledger app against the real server: every FSPIOP error code it answers with, the two phases,
+//! rejects and expiry, and a kill -9 crash test.
+
+mod support;
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use support::{Server, agent, eventually, get, send};
+
+fn start(dir: &std::path::Path) -> Server {
+    Server::start(dir, &["--apps", "ledger"], None)
+}
+
+/// Snapshots and projection checkpoints every few hundred records, with small segments, so a restart
+/// restores both from files.
+fn start_checkpointing(dir: &std::path::Path) -> Server {
+    let small = [
+        "--apps",
+        "ledger",
+        "--snapshot-interval-records",
+        "300",
+        "--projection-checkpoint-interval-records",
+        "500",
+        "--segment-bytes",
+        "32768",
+    ];
+    Server::start(dir, &small, None)
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+fn fulfilment(n: u64) -> [u8; 32] {
+    let mut bytes = [7u8; 32];
+    bytes[..8].copy_from_slice(&n.to_le_bytes());
+    bytes
+}
+
+fn transfer_id(n: u64) -> String {
+    format!("00000000-0000-4000-8000-{n:012x}")
+}
+
+/// An RFC 3339 time `offset_ms` from now.
+fn at(offset_ms: i64) -> String {
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let ms = now_ms + offset_ms;
+    let (secs, millis) = (ms.div_euclid(1000), ms.rem_euclid(1000));
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+fn prepare_body(n: u64, payer: &str, payee: &str, amount: &str, expires_in_ms: i64) -> Value {
+    json!({
+        "transferId": transfer_id(n),
+        "payerFsp": payer,
+        "payeeFsp": payee,
+        "amount": {"currency": "USD", "amount": amount},
+        "condition": b64(&Sha256::digest(fulfilment(n))),
+        "expiration": at(expires_in_ms),
+        "ilpPacket": "AYIBgQAAAAAAAASw",
+    })
+}
+
+fn post(agent: &ureq::Agent, url: &str, body: &Value) -> (u16, Value) {
+    send(agent, "POST", url, None, Some(body)).expect("answered")
+}
+
+/// PUT with the FSPIOP-Source header.
+fn put_as(agent: &ureq::Agent, url: &str, source: &str, body: &Value) -> (u16, Value) {
+    let mut response = agent
+        .put(url)
+        .header("content-type", "application/json")
+        .header("FSPIOP-Source", source)
+        .send(serde_json::to_vec(body).unwrap())
+        .expect("answered");
+    let status = response.status().as_u16();
+    (
+        status,
+        response.body_mut().read_json().unwrap_or(Value::Null),
+    )
+}
+
+fn fulfil_body(n: u64) -> Value {
+    json!({"transferState": "COMMITTED", "fulfilment": b64(&fulfilment(n)), "completedTimestamp": at(0)})
+}
+
+fn create(agent: &ureq::Agent, base: &str, name: &str, ndc: &str) {
+    let (status, body) = post(
+        agent,
+        &format!("{base}/participants"),
+        &json!({"name": name, "currency": "USD", "ndc": ndc}),
+    );
+    assert_eq!(status, 201, "{body}");
+}
+
+fn participant(agent: &ureq::Agent, base: &str, name: &str) -> Value {
+    let (status, body) = get(agent, &format!("{base}/participants/{name}"));
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+fn assert_error(reply: (u16, Value), status: u16, code: &str, words: &str) {
+    let (got, body) = reply;
+    assert_eq!(got, status, "{body}");
+    assert_eq!(body["error"]["code"], code, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains(words), "{message:?} lacks {words:?}");
+}
+
+#[test]
+fn two_phases_rejects_expiry_and_every_error_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path());
+    let base = &server.base;
+    let agent = agent();
+    create(&agent, base, "dfsp1", "1000");
+    create(&agent, base, "dfsp2", "500.5");
+    create(&agent, base, "dfsp3", "0");
+    assert_error(
+        post(
+            &agent,
+            &format!("{base}/participants"),
+            &json!({"name": "dfsp1", "currency": "USD", "ndc": "1"}),
+        ),
+        409,
+        "3003",
+        "exists",
+    );
+    let transfers = format!("{base}/transfers");
+
+    // Prepare reserves; a resend answers the same; a modified resend is 3106.
+    let first = prepare_body(1, "dfsp1", "dfsp2", "123.45", 60_000);
+    let (status, body) = post(&agent, &transfers, &first);
+    assert_eq!(
+        (status, body["transferState"].clone()),
+        (201, json!("RESERVED")),
+        "{body}"
+    );
+    assert_eq!(
+        post(&agent, &transfers, &first).1["transferState"],
+        "RESERVED"
+    );
+    let mut modified = first.clone();
+    modified["amount"]["amount"] = json!("123.46");
+    assert_error(
+        post(&agent, &transfers, &modified),
+        409,
+        "3106",
+        "different content",
+    );
+    assert_eq!(participant(&agent, base, "dfsp1")["reserved"], "123.45");
+
+    // Only the payee fulfils, with the right fulfilment; then it is COMMITTED, idempotently.
+    let url = format!("{transfers}/{}", transfer_id(1));
+    assert_error(
+        put_as(&agent, &url, "dfsp1", &fulfil_body(1)),
+        400,
+        "3100",
+        "only the payee",
+    );
+    assert_error(
+        put_as(&agent, &url, "dfsp2", &fulfil_body(2)),
+        400,
+        "3100",
+        "does not match",
+    );
+    let (status, body) = put_as(&agent, &url, "dfsp2", &fulfil_body(1));
+    assert_eq!(
+        (status, body["transferState"].clone()),
+        (200, json!("COMMITTED")),
+        "{body}"
+    );
+    assert_eq!(
+        put_as(&agent, &url, "dfsp2", &fulfil_body(1)).1["transferState"],
+        "COMMITTED"
+    );
+    assert!(eventually(Duration::from_secs(5), || {
+        participant(&agent, base, "dfsp2")["position"] == "-123.45"
+    }));
+    let payer = participant(&agent, base, "dfsp1");
+    assert_eq!(
+        (payer["position"].clone(), payer["reserved"].clone()),
+        (json!("123.45"), json!("0"))
+    );
+    let (_, entries) = get(&agent, &format!("{base}/participants/dfsp1/entries"));
+    assert_eq!(entries["total"], 1);
+    assert_eq!(entries["entries"][0]["change"], "123.45");
+    let (_, got) = get(&agent, &url);
+    assert_eq!(got["transferState"], "COMMITTED");
+    assert_eq!(
+        got["amount"],
+        json!({"currency": "USD", "amount": "123.45"})
+    );
+
+    // Liquidity: dfsp3 has a cap of 0.
+    assert_error(
+        post(
+            &agent,
+            &transfers,
+            &prepare_body(2, "dfsp3", "dfsp1", "1", 60_000),
+        ),
+        422,
+        "4001",
+        "net debit cap",
+    );
+    assert_eq!(
+        get(&agent, &format!("{transfers}/{}", transfer_id(2))).1["transferState"],
+        "ABORTED"
+    );
+
+    // Reject (and the error callback) release the reservation.
+    for (n, how) in [(3, "reject"), (4, "error")] {
+        assert_eq!(
+            post(
+                &agent,
+                &transfers,
+                &prepare_body(n, "dfsp1", "dfsp2", "10", 60_000)
+            )
+            .0,
+            201
+        );
+        let url = format!("{transfers}/{}", transfer_id(n));
+        let (status, body) = if how == "reject" {
+            put_as(&agent, &url, "dfsp2", &json!({"transferState": "ABORTED"}))
+        } else {
+            put_as(
+                &agent,
+                &format!("{url}/error"),
+                "dfsp2",
+                &json!({"errorInformation": {"errorCode": "5100", "errorDescription": "payee says no"}}),
+            )
+        };
+        assert_eq!(
+            (status, body["transferState"].clone()),
+            (200, json!("ABORTED")),
+            "{body}"
+        );
+        assert_error(
+            put_as(&agent, &url, "dfsp2", &fulfil_body(n)),
+            400,
+            "3100",
+            "aborted",
+        );
+    }
+    assert!(eventually(Duration::from_secs(5), || participant(
+        &agent, base, "dfsp1"
+    )["reserved"]
+        == "0"));
+
+    // Expiry: a fulfil after the expiration is 3303 and the reservation goes back.
+    assert_eq!(
+        post(
+            &agent,
+            &transfers,
+            &prepare_body(5, "dfsp1", "dfsp2", "20", 400)
+        )
+        .0,
+        201
+    );
+    assert_eq!(participant(&agent, base, "dfsp1")["reserved"], "20");
+    std::thread::sleep(Duration::from_millis(500));
+    let url = format!("{transfers}/{}", transfer_id(5));
+    assert_error(
+        put_as(&agent, &url, "dfsp2", &fulfil_body(5)),
+        400,
+        "3303",
+        "expired",
+    );
+    assert!(eventually(Duration::from_secs(5), || participant(
+        &agent, base, "dfsp1"
+    )["reserved"]
+        == "0"));
+    // Without a fulfil, the periodic tick expires it.
+    assert_eq!(
+        post(
+            &agent,
+            &transfers,
+            &prepare_body(6, "dfsp1", "dfsp2", "20", 300)
+        )
+        .0,
+        201
+    );
+    assert!(eventually(Duration::from_secs(5), || {
+        get(&agent, &format!("{transfers}/{}", transfer_id(6))).1["errorCode"] == "3303"
+    }));
+    assert!(eventually(Duration::from_secs(5), || participant(
+        &agent, base, "dfsp1"
+    )["reserved"]
+        == "0"));
+
+    // Unknown participants and transfers, validation.
+    assert_error(
+        post(
+            &agent,
+            &transfers,
+            &prepare_body(7, "nobody", "dfsp1", "1", 60_000),
+        ),
+        400,
+        "3202",
+        "payer",
+    );
+    assert_error(
+        post(
+            &agent,
+            &transfers,
+            &prepare_body(8, "dfsp1", "nobody", "1", 60_000),
+        ),
+        400,
+        "3203",
+        "payee",
+    );
+    assert_error(
+        post(
+            &agent,
+            &transfers,
+            &prepare_body(9, "dfsp1", "dfsp2", "1", -1_000),
+        ),
+        400,
+        "3303",
+        "expiration",
+    );
+    let missing = format!("{transfers}/{}", transfer_id(99));
+    assert_error(get(&agent, &missing), 404, "3208", "no transfer");
+    assert_error(
+        put_as(&agent, &missing, "dfsp2", &fulfil_body(99)),
+        404,
+        "3208",
+        "no transfer",
+    );
+    assert_error(
+        get(&agent, &format!("{base}/participants/nobody")),
+        404,
+        "3201",
+        "no participant",
+    );
+    let bad_prepares = [
+        ("transferId", json!("not-a-uuid"), "UUID"),
+        ("payeeFsp", json!("dfsp1"), "must differ"),
+        (
+            "amount",
+            json!({"currency": "USD", "amount": "0"}),
+            "positive",
+        ),
+        (
+            "amount",
+            json!({"currency": "USD", "amount": "1.005"}),
+            "decimals",
+        ),
+        (
+            "amount",
+            json!({"currency": "USD", "amount": "01"}),
+            "not a decimal",
+        ),
+        (
+            "amount",
+            json!({"currency": "usd", "amount": "1"}),
+            "three capital",
+        ),
+        ("condition", json!("short"), "32 bytes"),
+        ("expiration", json!("tomorrow"), "RFC 3339"),
+        ("payerFsp", json!("a b"), "payerFsp must be"),
+    ];
+    for (n, (field, value, words)) in bad_prepares.into_iter().enumerate() {
+        let mut body = prepare_body(100 + n as u64, "dfsp1", "dfsp2", "1", 60_000);
+        body[field] = value;
+        assert_error(post(&agent, &transfers, &body), 400, "3100", words);
+    }
+    let mut extra = prepare_body(120, "dfsp1", "dfsp2", "1", 60_000);
+    extra["surprise"] = json!(1);
+    assert_eq!(post(&agent, &transfers, &extra).0, 400);
+    assert_error(
+        put_as(&agent, &url, "dfsp2", &json!({"transferState": "RESERVED"})),
+        400,
+        "3100",
+        "COMMITTED or ABORTED",
+    );
+
+    // FSPIOP's own content type is accepted.
+    let mut response = agent
+        .post(&transfers)
+        .header(
+            "content-type",
+            "application/vnd.interoperability.transfers+json;version=1.0",
+        )
+        .send(serde_json::to_vec(&prepare_body(130, "dfsp1", "dfsp2", "1", 60_000)).unwrap())
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 201);
+    assert_eq!(
+        response.body_mut().read_json::<Value>().unwrap()["transferState"],
+        "RESERVED"
+    );
+
+    // The cap can move, but not below what is in use.
+    let ndc = |value: &str| {
+        put_as(
+            &agent,
+            &format!("{base}/participants/dfsp1/ndc"),
+            "hub",
+            &json!({"ndc": value}),
+        )
+    };
+    assert_error(ndc("100"), 400, "3100", "at least position + reserved");
+    assert_eq!(ndc("2000").1["ndc"], "2000");
+
+    let (_, all) = get(&agent, &format!("{base}/participants"));
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            get(&agent, &format!("{base}/participants")).1["positionSums"]["USD"] == "0"
+        }),
+        "{all}"
+    );
+}
+
+/// What a crash-test client had acknowledged: transfers by number with their last acknowledged state.
+#[derive(Default)]
+struct Client {
+    acked: Vec<(u64, &'static str, String, String, i64)>,
+}
+
+const FSPS: [&str; 4] = ["fsp0", "fsp1", "fsp2", "fsp3"];
+
+/// Prepares then fulfils transfers between random FSPs until the server dies; records each
+/// acknowledged state.
+fn crash_client(base: &str, id: u64, state: &Mutex<Client>, stop: &AtomicBool) {
+    let agent = agent();
+    for k in 0u64.. {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let n = id << 32 | k;
+        let payer = FSPS[(n % 4) as usize];
+        let payee = FSPS[((n / 4 + 1 + n % 4) % 4) as usize];
+        if payer == payee {
+            continue;
+        }
+        let dollars = 1 + (n * 7919) % 50;
+        let amount = dollars.to_string();
+        let cents = dollars as i64 * 100;
+        let Ok((status, body)) = send(
+            &agent,
+            "POST",
+            &format!("{base}/transfers"),
+            None,
+            Some(&prepare_body(n, payer, payee, &amount, 600_000)),
+        ) else {
+            return;
+        };
+        assert_eq!(status, 201, "{body}");
+        state
+            .lock()
+            .unwrap()
+            .acked
+            .push((n, "RESERVED", payer.into(), payee.into(), cents));
+        let url = format!("{base}/transfers/{}", transfer_id(n));
+        let Ok(mut response) = agent
+            .put(&url)
+            .header("content-type", "application/json")
+            .header("FSPIOP-Source", payee)
+            .send(serde_json::to_vec(&fulfil_body(n)).unwrap())
+        else {
+            return;
+        };
+        let status = response.status().as_u16();
+        let body: Value = response.body_mut().read_json().unwrap_or(Value::Null);
+        assert_eq!(status, 200, "{body}");
+        state.lock().unwrap().acked.last_mut().unwrap().1 = "COMMITTED";
+    }
+}
+
+#[test]
+fn kill_9_under_load_keeps_every_acknowledged_transfer_in_its_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_checkpointing(dir.path());
+    let base = server.base.clone();
+    let agent = agent();
+    for fsp in FSPS {
+        create(&agent, &base, fsp, "100000000");
+    }
+    let clients: Vec<Mutex<Client>> = (0..6).map(|_| Mutex::default()).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    std::thread::scope(|scope| {
+        for (id, state) in clients.iter().enumerate() {
+            let (base, stop) = (base.clone(), stop.clone());
+            scope.spawn(move || crash_client(&base, id as u64 + 1, state, &stop));
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+        server.kill9();
+        stop.store(true, Ordering::Relaxed);
+    });
+    let acked: Vec<_> = clients
+        .iter()
+        .flat_map(|c| c.lock().unwrap().acked.clone())
+        .collect();
+    let committed = acked.iter().filter(|a| a.1 == "COMMITTED").count();
+    eprintln!(
+        "{} transfers acknowledged before the kill, {committed} of them committed",
+        acked.len()
+    );
+    assert!(
+        committed > 100,
+        "only {committed} transfers committed before the kill"
+    );
+
+    let server = start_checkpointing(dir.path());
+    let base = &server.base;
+    for (n, state, ..) in &acked {
+        let (status, body) = get(&agent, &format!("{base}/transfers/{}", transfer_id(*n)));
+        assert_eq!(status, 200, "{body}");
+        match *state {
+            "COMMITTED" => assert_eq!(body["transferState"], "COMMITTED", "{n}: {body}"),
+            _ => assert!(
+                body["transferState"] == "RESERVED" || body["transferState"] == "COMMITTED",
+                "{n}: {body}"
+            ),
+        }
+    }
+    // Once every follow-up has landed, positions are exactly the committed transfers, reservations
+    // exactly the reserved ones, and positions sum to zero.
+    let expected = |name: &str| {
+        let (mut position, mut reserved) = (0i64, 0i64);
+        for (n, _, payer, payee, cents) in &acked {
+            let state =
+                get(&agent, &format!("{base}/transfers/{}", transfer_id(*n))).1["transferState"]
+                    .clone();
+            if state == "COMMITTED" {
+                if payer == name {
+                    position += cents;
+                }
+                if payee == name {
+                    position -= cents;
+                }
+            } else if state == "RESERVED" && payer == name {
+                reserved += cents;
+            }
+        }
+        (position, reserved)
+    };
+    let cents_of = |text: &Value| -> i64 {
+        let text = text.as_str().unwrap();
+        let (int, frac) = text.split_once('.').unwrap_or((text, ""));
+        let sign = if int.starts_with('-') { -1 } else { 1 };
+        let int: i64 = int.trim_start_matches('-').parse().unwrap();
+        let frac: i64 = format!("{frac:0<2}").parse().unwrap();
+        sign * (int * 100 + frac)
+    };
+    assert!(eventually(Duration::from_secs(10), || {
+        get(&agent, &format!("{base}/participants")).1["positionSums"]["USD"] == "0"
+    }));
+    for fsp in FSPS {
+        let (position, reserved) = expected(fsp);
+        let body = participant(&agent, base, fsp);
+        assert_eq!(cents_of(&body["position"]), position, "{fsp}: {body}");
+        // Transfers prepared but not acknowledged before the kill may hold reservations too.
+        assert!(cents_of(&body["reserved"]) >= reserved, "{fsp}: {body}");
+    }
+}
