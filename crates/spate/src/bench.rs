@@ -5,6 +5,7 @@
 //!   scoring -> durable journal pipeline several times (generator included, in its own process).
 //! - leaderboard: `bench_leaderboard.rs`.
 //! - ski: `bench_ski.rs`.
+//! - ledger: `bench_ledger.rs`.
 //! - tally: `spate load tally adds` in closed loop, then in open loop at half the rate the closed loop
 //!   achieved, so the report shows latency at a sustainable offered load as well as at saturation.
 
@@ -17,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 /// Apps with a benchmark, in report order.
-const BENCHMARKS: &[&str] = &["fraud", "leaderboard", "ski", "tally"];
+const BENCHMARKS: &[&str] = &["fraud", "leaderboard", "ledger", "ski", "tally"];
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -25,7 +26,9 @@ pub struct BenchArgs {
     pub leaderboard: crate::bench_leaderboard::LeaderboardBench,
     #[command(flatten)]
     pub ski: crate::bench_ski::SkiBench,
-    /// Apps to benchmark [default: all: fraud, leaderboard, ski, tally]
+    #[command(flatten)]
+    pub ledger: crate::bench_ledger::LedgerBench,
+    /// Apps to benchmark [default: all: fraud, leaderboard, ledger, ski, tally]
     #[arg(value_parser = clap::builder::PossibleValuesParser::new(BENCHMARKS))]
     apps: Vec<String>,
     #[command(flatten)]
@@ -89,6 +92,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "tally" => tally(&args)?,
             "leaderboard" => crate::bench_leaderboard::run(&args)?,
             "ski" => crate::bench_ski::run(&args)?,
+            "ledger" => crate::bench_ledger::run(&args)?,
             other => unreachable!("no benchmark for {other}"),
         };
         report += &section;

@@ -52,6 +52,12 @@ pub const SCENARIOS: &[(&str, &str, &str)] = &[
          rides for that skier, is an answer)",
     ),
     (
+        "ledger",
+        "transfers",
+        "the Mojaloop PoC's simulator: POST /transfers (prepare) then PUT /transfers/{id} (fulfil, as the \
+         payee) for random pairs of --participants FSPs; two requests per financial transfer",
+    ),
+    (
         "fraud",
         "http",
         "POST /fraud/transactions, batches of --batch generated transactions",
@@ -103,6 +109,9 @@ pub struct LoadArgs {
     /// Users the leaderboard scenarios, or skiers the ski scenarios, draw from
     #[arg(long, default_value_t = 100_000)]
     pub users: u64,
+    /// FSPs the ledger scenario creates and moves money between
+    #[arg(long, default_value_t = 16)]
+    pub participants: u32,
     /// Cards the fraud generator draws from
     #[arg(long, default_value_t = 1_000_000)]
     pub cards: u32,
@@ -131,6 +140,7 @@ impl LoadArgs {
             seed: 1,
             batch: 1,
             users: 100_000,
+            participants: 16,
             cards: 1,
             max_error_share: 0.01,
             out: None,
@@ -344,6 +354,91 @@ impl Scenario for SkiQueries {
     }
 }
 
+/// Far enough ahead that no transfer of a load run expires.
+const LEDGER_EXPIRATION: &str = "2100-01-01T00:00:00.000Z";
+
+struct LedgerTransfers {
+    seed: u64,
+    participants: u32,
+}
+
+impl LedgerTransfers {
+    fn fsp(index: u64) -> String {
+        format!("loadfsp{index}")
+    }
+}
+
+impl Scenario for LedgerTransfers {
+    fn name(&self) -> String {
+        format!("ledger transfers between {} FSPs", self.participants)
+    }
+
+    /// Even `seq`: the prepare of transfer `seq / 2` of this worker; odd: its fulfil. A worker's requests
+    /// go out in order on one connection, so the fulfil always follows its prepare's answer.
+    fn request(&self, worker: u32, seq: u64) -> Request {
+        use base64::Engine as _;
+        use sha2::Digest as _;
+        let n = mix64((u64::from(worker) << 40 | seq / 2) ^ self.seed);
+        let count = u64::from(self.participants);
+        let payer = n % count;
+        let payee = (payer + 1 + (n >> 20) % (count - 1)) % count;
+        let id = format!(
+            "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+            n >> 32,
+            (n >> 16) & 0xffff,
+            worker & 0xfff,
+            (seq / 2 >> 48) & 0xfff,
+            (seq / 2) & 0xffff_ffff_ffff
+        );
+        let mut fulfilment = [0u8; 32];
+        fulfilment[..8].copy_from_slice(&n.to_le_bytes());
+        fulfilment[8..16].copy_from_slice(&(seq / 2).to_le_bytes());
+        let encode = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+        if seq % 2 == 0 {
+            let body = json!({
+                "transferId": id,
+                "payerFsp": Self::fsp(payer),
+                "payeeFsp": Self::fsp(payee),
+                "amount": {"currency": "USD", "amount": (1 + (n >> 40) % 100).to_string()},
+                "condition": encode(&sha2::Sha256::digest(fulfilment)),
+                "expiration": LEDGER_EXPIRATION,
+            });
+            Request::post_json("/transfers", serde_json::to_vec(&body).expect("JSON"))
+        } else {
+            let body = json!({"transferState": "COMMITTED", "fulfilment": encode(&fulfilment)});
+            Request::json(
+                spate_load::Method::PUT,
+                format!("/transfers/{id}"),
+                serde_json::to_vec(&body).expect("JSON"),
+            )
+            .with_header("fspiop-source", Self::fsp(payee))
+        }
+    }
+}
+
+/// Creates the ledger scenario's FSPs (with caps no load run reaches) unless they exist.
+fn create_ledger_participants(target: &str, count: u32) -> anyhow::Result<()> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    for index in 0..u64::from(count) {
+        let name = LedgerTransfers::fsp(index);
+        let mut response = agent
+            .post(format!("{}/participants", target.trim_end_matches('/')))
+            .send_json(json!({"name": name, "currency": "USD", "ndc": "1000000000000"}))
+            .with_context(|| format!("creating participant {name} at {target}"))?;
+        match response.status().as_u16() {
+            201 | 409 => {}
+            status => bail!(
+                "creating participant {name} answered {status}: {}",
+                response.body_mut().read_to_string()?
+            ),
+        }
+    }
+    Ok(())
+}
+
 struct FraudHttp {
     seed: u64,
     cards: u32,
@@ -439,6 +534,16 @@ fn scenario(args: &LoadArgs) -> anyhow::Result<Arc<dyn Scenario>> {
                     skiers: args.users,
                 })
             }
+        }
+        ("ledger", "transfers") => {
+            if args.participants < 2 {
+                bail!("--participants must be at least 2");
+            }
+            create_ledger_participants(&args.target, args.participants)?;
+            Arc::new(LedgerTransfers {
+                seed: args.seed,
+                participants: args.participants,
+            })
         }
         ("redis", "zincrby") => Arc::new(RedisZincrby {
             seed: args.seed,

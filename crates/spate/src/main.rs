@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_leaderboard;
+mod bench_ledger;
 mod bench_ski;
 mod config;
 mod fraud_cli;

@@ -1,0 +1,86 @@
+//! `spate bench ledger`: the Mojaloop PoC's own measure on a fresh server: simulated FSPs doing prepare
+//! then fulfil over HTTP, reported as the seed's tables do (financial transfers/s, average, minimum,
+//! maximum and p99 response time, share of responses over 1 s).
+
+use crate::bench::{BenchArgs, cpu_seconds, start_server};
+use crate::load_cli::{LoadArgs, load_http, write_outputs};
+use clap::Args;
+use serde_json::json;
+
+#[derive(Args)]
+pub struct LedgerBench {
+    /// ledger: numbers of simulated FSPs, one run each (the PoC's tables used 8, 16 and 32)
+    #[arg(long, value_delimiter = ',', default_values_t = [8u32, 16, 32])]
+    ledger_participants: Vec<u32>,
+    /// ledger: closed-loop connections of each run
+    #[arg(long, default_value_t = 64)]
+    ledger_connections: u32,
+}
+
+/// The PoC's best figure: financial transfers (prepare + fulfil) per second on its cluster.
+const POC_TRANSFERS_PER_S: f64 = 6_020.0;
+
+pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
+    let settings = &args.ledger;
+    let data_dir = tempfile::tempdir()?;
+    let server = start_server(data_dir.path(), "ledger", args.fraud.partitions)?;
+    let mut text = format!(
+        "## ledger: prepare then fulfil between simulated FSPs (the Mojaloop PoC's measure)\n\n\
+         Each connection prepares a transfer (`POST /transfers`, answered once the payer's reservation is \
+         settled) and then fulfils it as the payee (`PUT /transfers/{{id}}`), closed loop, {} connections; \
+         a financial transfer is both requests. Response times are per request.\n\n\
+         | FSPs | financial transfers/s | requests/s | avg | min | max | p99 | over 1 s | errors | server CPU per transfer |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        settings.ledger_connections
+    );
+    let mut runs = Vec::new();
+    for &participants in &settings.ledger_participants {
+        let mut load = LoadArgs::new("ledger", "transfers", &server.http);
+        load.participants = participants;
+        load.connections = settings.ledger_connections;
+        load.duration_s = args.duration_s;
+        load.seed = u64::from(participants);
+        eprintln!("ledger: {participants} FSPs ...");
+        let cpu_before = cpu_seconds(server.pid())?;
+        let report = load_http(&load)?;
+        let cpu_s = cpu_seconds(server.pid())? - cpu_before;
+        let stem = format!("ledger-transfers-{participants}");
+        write_outputs(&report, &args.out, &stem)?;
+        let transfers_per_s = report.ok_rate_per_s / 2.0;
+        let requests = report.achieved_rate_per_s * (report.measured_seconds + load.warmup_s);
+        let cpu_us_per_transfer = cpu_s * 1e6 / (requests / 2.0);
+        let l = &report.latency;
+        let ms = |us: f64| format!("{:.2} ms", us / 1000.0);
+        text += &format!(
+            "| {participants} | {transfers_per_s:.0} | {:.0} | {} | {} | {} | {} | {:.3}% | {:.3}% | {cpu_us_per_transfer:.0} µs |\n",
+            report.achieved_rate_per_s,
+            ms(l.mean_us),
+            ms(l.min_us as f64),
+            ms(l.max_us as f64),
+            ms(l.p99_us as f64),
+            report.over_1s_share * 100.0,
+            report.error_share * 100.0,
+        );
+        runs.push(json!({
+            "participants": participants, "transfers_per_s": transfers_per_s,
+            "mean_us": l.mean_us, "min_us": l.min_us, "max_us": l.max_us, "p99_us": l.p99_us,
+            "over_1s_share": report.over_1s_share, "error_share": report.error_share,
+            "server_cpu_us_per_transfer": cpu_us_per_transfer,
+        }));
+    }
+    let best = runs
+        .iter()
+        .filter_map(|r| r["transfers_per_s"].as_f64())
+        .fold(0.0, f64::max);
+    text += &format!(
+        "\n- best: {best:.0} financial transfers/s, {:.1}x the PoC's {POC_TRANSFERS_PER_S:.0}/s\n",
+        best / POC_TRANSFERS_PER_S
+    );
+    std::fs::write(
+        args.out.join("ledger.json"),
+        serde_json::to_string_pretty(
+            &json!({"benchmark": "ledger", "runs": runs, "poc_transfers_per_s": POC_TRANSFERS_PER_S}),
+        )?,
+    )?;
+    Ok(text)
+}
