@@ -378,7 +378,8 @@ impl Scenario for LedgerTransfers {
     fn request(&self, worker: u32, seq: u64) -> Request {
         use base64::Engine as _;
         use sha2::Digest as _;
-        let n = mix64((u64::from(worker) << 40 | seq / 2) ^ self.seed);
+        let transfer = seq / 2;
+        let n = mix64(((u64::from(worker) << 40) | transfer) ^ self.seed);
         let count = u64::from(self.participants);
         let payer = n % count;
         let payee = (payer + 1 + (n >> 20) % (count - 1)) % count;
@@ -387,14 +388,14 @@ impl Scenario for LedgerTransfers {
             n >> 32,
             (n >> 16) & 0xffff,
             worker & 0xfff,
-            (seq / 2 >> 48) & 0xfff,
-            (seq / 2) & 0xffff_ffff_ffff
+            (transfer >> 48) & 0xfff,
+            transfer & 0xffff_ffff_ffff
         );
         let mut fulfilment = [0u8; 32];
         fulfilment[..8].copy_from_slice(&n.to_le_bytes());
-        fulfilment[8..16].copy_from_slice(&(seq / 2).to_le_bytes());
+        fulfilment[8..16].copy_from_slice(&transfer.to_le_bytes());
         let encode = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
-        if seq % 2 == 0 {
+        if seq.is_multiple_of(2) {
             let body = json!({
                 "transferId": id,
                 "payerFsp": Self::fsp(payer),
