@@ -86,6 +86,9 @@ enum ToWriter {
 #[derive(Debug, Default)]
 pub(crate) struct PartitionShared {
     pub durable_lsn: AtomicU64,
+    /// Every durable batch below this LSN has been handed to the projections it concerns. A projection
+    /// that has drained its feed after reading this may move past other apps' records up to here.
+    pub fed_lsn: AtomicU64,
     pub failed: AtomicBool,
 }
 
@@ -154,6 +157,7 @@ pub(crate) fn pair(
         "recovery leaves the core at the end of the journal"
     );
     shared.durable_lsn.store(log.next_lsn(), Ordering::Release);
+    shared.fed_lsn.store(log.next_lsn(), Ordering::Release);
     let writer = WriterThread {
         partition: core.partition,
         log,
@@ -573,6 +577,10 @@ impl WriterThread {
                     });
                 }
             }
+            // After the sends: a projection that reads this and then drains its feed has seen them.
+            self.shared
+                .fed_lsn
+                .store(batch.first_lsn + batch.record_count, Ordering::Release);
         }
     }
 }

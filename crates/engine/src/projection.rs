@@ -11,12 +11,18 @@ use crate::record::{Frame, RecordRef, read_frame};
 use crate::snapshot;
 use crate::wire::{ReadLe, WriteLe};
 use crate::{AppId, PartitionId, StartError};
-use crossbeam_channel::Receiver;
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use prometheus_client::metrics::gauge::Gauge;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// How often an idle projection moves past other apps' records (see `pass_other_apps`).
+const IDLE_PASS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// See `checkpoint_due`.
+const PASSED_CHECKPOINT_FACTOR: u64 = 8;
 
 pub(crate) struct ProjectionRuntime {
     pub app: AppId,
@@ -29,6 +35,8 @@ pub(crate) struct ProjectionRuntime {
     dir: PathBuf,
     checkpoint_interval_records: u64,
     since_checkpoint: u64,
+    /// Other apps' records passed since the last checkpoint (see `checkpoint_due`).
+    passed_since_checkpoint: u64,
     lag: Gauge,
     partitions: Vec<Arc<PartitionShared>>,
 }
@@ -79,6 +87,7 @@ impl ProjectionRuntime {
             dir,
             checkpoint_interval_records,
             since_checkpoint: 0,
+            passed_since_checkpoint: 0,
             lag,
             partitions,
         })
@@ -167,20 +176,57 @@ impl ProjectionRuntime {
             floor.store(*position, Ordering::Release);
         }
         self.since_checkpoint = 0;
+        self.passed_since_checkpoint = 0;
         Ok(())
     }
 
-    pub fn run(mut self, feeds: Receiver<Feed>) {
-        while let Ok(feed) = feeds.recv() {
+    /// Moves each partition's position past records of other apps: they are never fed to this projection,
+    /// and a position left behind them would hold the journal (the checkpoint floor) and show as lag.
+    /// Reads every partition's `fed_lsn` before draining the feed, so every batch below it that concerns
+    /// this projection is applied first.
+    fn pass_other_apps(&mut self, feeds: &Receiver<Feed>) {
+        let fed: Vec<Lsn> = self
+            .partitions
+            .iter()
+            .map(|p| p.fed_lsn.load(Ordering::Acquire))
+            .collect();
+        while let Ok(feed) = feeds.try_recv() {
             self.apply_feed(&feed);
+        }
+        for (position, fed) in self.positions.iter().zip(fed) {
+            let at = position.load(Ordering::Relaxed);
+            if fed > at {
+                position.store(fed, Ordering::Release);
+                self.passed_since_checkpoint += fed - at;
+            }
+        }
+    }
+
+    /// After `checkpoint_interval_records` of this app's records, or eight times as many of other apps'
+    /// (so an idle projection still lets the journal go, without rewriting a large read model often).
+    fn checkpoint_due(&self) -> bool {
+        self.since_checkpoint >= self.checkpoint_interval_records
+            || self.passed_since_checkpoint
+                >= PASSED_CHECKPOINT_FACTOR * self.checkpoint_interval_records
+    }
+
+    pub fn run(mut self, feeds: Receiver<Feed>) {
+        loop {
+            match feeds.recv_timeout(IDLE_PASS_INTERVAL) {
+                Ok(feed) => self.apply_feed(&feed),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            self.pass_other_apps(&feeds);
             self.update_lag();
-            if self.since_checkpoint >= self.checkpoint_interval_records
+            if self.checkpoint_due()
                 && let Err(error) = self.checkpoint()
             {
                 tracing::error!(projection = self.name, %error, "projection checkpoint failed");
             }
         }
         // Every writer has stopped: the projection has seen all that is durable.
+        self.pass_other_apps(&feeds);
         self.update_lag();
         if let Err(error) = self.checkpoint() {
             tracing::error!(projection = self.name, %error, "final projection checkpoint failed");
