@@ -2,7 +2,7 @@
 //! then fulfil over HTTP, reported as the seed's tables do (financial transfers/s, average, minimum,
 //! maximum and p99 response time, share of responses over 1 s).
 
-use crate::bench::{BenchArgs, cpu_seconds, start_server};
+use crate::bench::{BenchArgs, cpu_seconds, get_json, start_server};
 use crate::load_cli::{LoadArgs, load_http, write_outputs};
 use clap::Args;
 use serde_json::json;
@@ -15,6 +15,24 @@ pub struct LedgerBench {
     /// ledger: closed-loop connections of each run
     #[arg(long, default_value_t = 64)]
     ledger_connections: u32,
+    /// ledger: batch runs as CONNECTIONSxOPERATIONS (TigerBeetle-style batches of 8,000 from a few
+    /// clients, and many clients with small batches)
+    #[arg(long, value_delimiter = ',', default_values_t = ["4x8000".to_string(), "64x100".to_string(), "64x10".to_string()])]
+    ledger_batches: Vec<String>,
+}
+
+/// `GET /participants`: the transfers in each state and the positions' sum, from the read model once it
+/// has caught up.
+fn ledger_totals(base: &str) -> anyhow::Result<serde_json::Value> {
+    let url = format!("{base}/participants");
+    for _ in 0..1000 {
+        let totals = get_json(&url)?;
+        if totals["lagRecords"] == 0 {
+            return Ok(totals);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    anyhow::bail!("the ledger read model did not catch up within 10 s")
 }
 
 /// The PoC's best figure: financial transfers (prepare + fulfil) per second on its cluster.
@@ -76,6 +94,50 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
         "\n- best: {best:.0} financial transfers/s, {:.1}x the PoC's {POC_TRANSFERS_PER_S:.0}/s\n",
         best / POC_TRANSFERS_PER_S
     );
+
+    text += "\nThe batch API (`POST /transfers/batch`): each connection sends a batch of prepares, then a batch \
+             fulfilling the same transfers. A transfer counts once, as in TigerBeetle's figures. The last two columns \
+             come from the read model after each run: the transfers aborted during it, and the positions' sum.\n\n\
+             | connections x operations | transfers/s | batch p50 | batch p99 | errors | aborted during the run | positions sum |\n\
+             |---|---:|---:|---:|---:|---:|---:|\n";
+    let mut batch_runs = Vec::new();
+    for shape in &settings.ledger_batches {
+        let (connections, batch) = shape
+            .split_once('x')
+            .and_then(|(c, b)| Some((c.parse::<u32>().ok()?, b.parse::<usize>().ok()?)))
+            .ok_or_else(|| {
+                anyhow::anyhow!("--ledger-batches takes CONNECTIONSxOPERATIONS, got {shape:?}")
+            })?;
+        let before = ledger_totals(&server.http)?;
+        let mut load = LoadArgs::new("ledger", "batch", &server.http);
+        load.participants = 16;
+        load.connections = connections;
+        load.batch = batch;
+        load.duration_s = args.duration_s;
+        load.seed = 1_000 + batch as u64;
+        eprintln!("ledger: batches of {batch} on {connections} connections ...");
+        let report = load_http(&load)?;
+        write_outputs(
+            &report,
+            &args.out,
+            &format!("ledger-batch-{connections}x{batch}"),
+        )?;
+        let after = ledger_totals(&server.http)?;
+        let aborted = after["transfers"]["ABORTED"].as_u64().unwrap_or(0)
+            - before["transfers"]["ABORTED"].as_u64().unwrap_or(0);
+        let transfers_per_s = report.ok_rate_per_s * batch as f64 / 2.0;
+        text += &format!(
+            "| {connections} x {batch} | {transfers_per_s:.0} | {:.2} ms | {:.2} ms | {:.3}% | {aborted} | {} |\n",
+            report.latency.p50_us as f64 / 1000.0,
+            report.latency.p99_us as f64 / 1000.0,
+            report.error_share * 100.0,
+            after["positionSums"]["USD"].as_str().unwrap_or("?"),
+        );
+        batch_runs.push(json!({
+            "connections": connections, "batch": batch, "transfers_per_s": transfers_per_s,
+            "p99_us": report.latency.p99_us, "error_share": report.error_share, "aborted": aborted,
+        }));
+    }
     std::fs::write(
         args.out.join("ledger.json"),
         serde_json::to_string_pretty(

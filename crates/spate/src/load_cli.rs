@@ -58,6 +58,11 @@ pub const SCENARIOS: &[(&str, &str, &str)] = &[
          payee) for random pairs of --participants FSPs; two requests per financial transfer",
     ),
     (
+        "ledger",
+        "batch",
+        "POST /transfers/batch: --batch prepares, then the next request fulfils the same --batch transfers",
+    ),
+    (
         "fraud",
         "http",
         "POST /fraud/transactions, batches of --batch generated transactions",
@@ -376,10 +381,38 @@ impl Scenario for LedgerTransfers {
     /// Even `seq`: the prepare of transfer `seq / 2` of this worker; odd: its fulfil. A worker's requests
     /// go out in order on one connection, so the fulfil always follows its prepare's answer.
     fn request(&self, worker: u32, seq: u64) -> Request {
+        let transfer = self.transfer(worker, seq / 2);
+        if seq.is_multiple_of(2) {
+            Request::post_json(
+                "/transfers",
+                serde_json::to_vec(&transfer.prepare).expect("JSON"),
+            )
+        } else {
+            let body = json!({"transferState": "COMMITTED", "fulfilment": transfer.fulfilment});
+            Request::json(
+                spate_load::Method::PUT,
+                format!("/transfers/{}", transfer.id),
+                serde_json::to_vec(&body).expect("JSON"),
+            )
+            .with_header("fspiop-source", transfer.payee)
+        }
+    }
+}
+
+/// One generated transfer: its FSPIOP prepare body, and what its fulfil needs.
+struct GeneratedTransfer {
+    id: String,
+    payee: String,
+    prepare: serde_json::Value,
+    fulfilment: String,
+}
+
+impl LedgerTransfers {
+    /// The `number`-th transfer of `worker`, the same however it is sent.
+    fn transfer(&self, worker: u32, number: u64) -> GeneratedTransfer {
         use base64::Engine as _;
         use sha2::Digest as _;
-        let transfer = seq / 2;
-        let n = mix64(((u64::from(worker) << 40) | transfer) ^ self.seed);
+        let n = mix64(((u64::from(worker) << 40) | number) ^ self.seed);
         let count = u64::from(self.participants);
         let payer = n % count;
         let payee = (payer + 1 + (n >> 20) % (count - 1)) % count;
@@ -388,32 +421,58 @@ impl Scenario for LedgerTransfers {
             n >> 32,
             (n >> 16) & 0xffff,
             worker & 0xfff,
-            (transfer >> 48) & 0xfff,
-            transfer & 0xffff_ffff_ffff
+            (number >> 48) & 0xfff,
+            number & 0xffff_ffff_ffff
         );
         let mut fulfilment = [0u8; 32];
         fulfilment[..8].copy_from_slice(&n.to_le_bytes());
-        fulfilment[8..16].copy_from_slice(&transfer.to_le_bytes());
+        fulfilment[8..16].copy_from_slice(&number.to_le_bytes());
         let encode = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
-        if seq.is_multiple_of(2) {
-            let body = json!({
-                "transferId": id,
-                "payerFsp": Self::fsp(payer),
-                "payeeFsp": Self::fsp(payee),
-                "amount": {"currency": "USD", "amount": (1 + (n >> 40) % 100).to_string()},
-                "condition": encode(&sha2::Sha256::digest(fulfilment)),
-                "expiration": LEDGER_EXPIRATION,
-            });
-            Request::post_json("/transfers", serde_json::to_vec(&body).expect("JSON"))
-        } else {
-            let body = json!({"transferState": "COMMITTED", "fulfilment": encode(&fulfilment)});
-            Request::json(
-                spate_load::Method::PUT,
-                format!("/transfers/{id}"),
-                serde_json::to_vec(&body).expect("JSON"),
-            )
-            .with_header("fspiop-source", Self::fsp(payee))
+        let prepare = json!({
+            "transferId": id,
+            "payerFsp": Self::fsp(payer),
+            "payeeFsp": Self::fsp(payee),
+            "amount": {"currency": "USD", "amount": (1 + (n >> 40) % 100).to_string()},
+            "condition": encode(&sha2::Sha256::digest(fulfilment)),
+            "expiration": LEDGER_EXPIRATION,
+        });
+        GeneratedTransfer {
+            id,
+            payee: Self::fsp(payee),
+            prepare,
+            fulfilment: encode(&fulfilment),
         }
+    }
+}
+
+/// Batches of the same transfers: `--batch` prepares in one request, their fulfils in the next.
+struct LedgerBatch {
+    transfers: LedgerTransfers,
+    batch: u64,
+}
+
+impl Scenario for LedgerBatch {
+    fn name(&self) -> String {
+        format!(
+            "ledger batches of {} between {} FSPs",
+            self.batch, self.transfers.participants
+        )
+    }
+
+    fn request(&self, worker: u32, seq: u64) -> Request {
+        let first = seq / 2 * self.batch;
+        let operations: Vec<serde_json::Value> = (first..first + self.batch)
+            .map(|number| {
+                let t = self.transfers.transfer(worker, number);
+                if seq.is_multiple_of(2) {
+                    json!({"prepare": t.prepare})
+                } else {
+                    json!({"fulfil": {"transferId": t.id, "source": t.payee, "fulfilment": t.fulfilment}})
+                }
+            })
+            .collect();
+        let body = json!({ "operations": operations });
+        Request::post_json("/transfers/batch", serde_json::to_vec(&body).expect("JSON"))
     }
 }
 
@@ -536,15 +595,26 @@ fn scenario(args: &LoadArgs) -> anyhow::Result<Arc<dyn Scenario>> {
                 })
             }
         }
-        ("ledger", "transfers") => {
+        ("ledger", scenario @ ("transfers" | "batch")) => {
             if args.participants < 2 {
                 bail!("--participants must be at least 2");
             }
             create_ledger_participants(&args.target, args.participants)?;
-            Arc::new(LedgerTransfers {
+            let transfers = LedgerTransfers {
                 seed: args.seed,
                 participants: args.participants,
-            })
+            };
+            if scenario == "transfers" {
+                Arc::new(transfers)
+            } else {
+                if args.batch == 0 || args.batch > spate_ledger::BATCH_OPERATIONS_MAX {
+                    bail!("--batch must be 1..={}", spate_ledger::BATCH_OPERATIONS_MAX);
+                }
+                Arc::new(LedgerBatch {
+                    transfers,
+                    batch: args.batch as u64,
+                })
+            }
         }
         ("redis", "zincrby") => Arc::new(RedisZincrby {
             seed: args.seed,

@@ -414,6 +414,42 @@ fn two_phases_rejects_expiry_and_every_error_code() {
         "RESERVED"
     );
 
+    // The batch API: prepares, then fulfils, one result per operation in order; a bad operation is
+    // reported in its place and the others still apply.
+    let batch_url = format!("{transfers}/batch");
+    let prepares: Vec<Value> = (200..203)
+        .map(|n| json!({"prepare": prepare_body(n, "dfsp1", "dfsp2", "2", 60_000)}))
+        .chain([json!({"prepare": {"transferId": "nope"}})])
+        .collect();
+    let (status, body) = post(&agent, &batch_url, &json!({"operations": prepares}));
+    assert_eq!(status, 200, "{body}");
+    let results = body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 4);
+    for result in &results[..3] {
+        assert_eq!(result["transferState"], "RESERVED", "{body}");
+    }
+    assert_eq!(results[3]["error"]["code"], "3100", "{body}");
+    let fulfils: Vec<Value> = (200..203)
+        .map(|n| json!({"fulfil": {"transferId": transfer_id(n), "source": "dfsp2", "fulfilment": b64(&fulfilment(n))}}))
+        .chain([json!({"reject": {"transferId": transfer_id(200), "source": "dfsp2"}})])
+        .collect();
+    let (status, body) = post(&agent, &batch_url, &json!({"operations": fulfils}));
+    assert_eq!(status, 200, "{body}");
+    let results = body["results"].as_array().unwrap();
+    for result in &results[..3] {
+        assert_eq!(result["transferState"], "COMMITTED", "{body}");
+    }
+    assert_eq!(
+        results[3]["error"]["code"], "3100",
+        "a committed transfer cannot be rejected: {body}"
+    );
+    assert_error(
+        post(&agent, &batch_url, &json!({"operations": []})),
+        400,
+        "3100",
+        "1 to 10000",
+    );
+
     // The cap can move, but not below what is in use.
     let ndc = |value: &str| {
         put_as(

@@ -369,7 +369,7 @@ async fn get_entries(
 }
 
 /// Every participant from the read model, with the sum of positions (zero whenever no transfer step
-/// is in flight) and the read model's lag.
+/// is in flight), the number of transfers in each state, and the read model's lag.
 async fn list_participants(State(ledger): Ctx) -> Response {
     let model = ledger
         .model
@@ -395,7 +395,12 @@ async fn list_participants(State(ledger): Ctx) -> Response {
     let lag = ledger.engine.projection_lag(APP_ID).unwrap_or(0);
     json(
         StatusCode::OK,
-        &json!({ "participants": participants, "positionSums": position_sums, "lagRecords": lag }),
+        &json!({
+            "participants": participants,
+            "positionSums": position_sums,
+            "transfers": model.transfer_states,
+            "lagRecords": lag,
+        }),
     )
 }
 
@@ -458,10 +463,31 @@ fn transfer_spec(body: &Prepare) -> Result<TransferSpec, ApiError> {
     })
 }
 
-/// Removes this request's waiter when it is done, answered or not.
+/// Prepares waiting for their reservations; each waiter is removed when the request is done with it,
+/// answered or not.
 struct Waiting<'a> {
     waiters: &'a Waiters,
-    id: TransferId,
+    ids: Vec<TransferId>,
+}
+
+impl<'a> Waiting<'a> {
+    /// Registers a waiter per id, before the prepares are submitted, so no answer can be missed.
+    fn register(
+        waiters: &'a Waiters,
+        ids: Vec<TransferId>,
+    ) -> (Self, Vec<tokio::sync::oneshot::Receiver<TransferState>>) {
+        let mut map = waiters.lock().expect("the waiters lock is never poisoned");
+        let receivers = ids
+            .iter()
+            .map(|id| {
+                let (sender, receiver) = tokio::sync::oneshot::channel();
+                map.entry(*id).or_default().push(sender);
+                receiver
+            })
+            .collect();
+        drop(map);
+        (Self { waiters, ids }, receivers)
+    }
 }
 
 impl Drop for Waiting<'_> {
@@ -470,18 +496,21 @@ impl Drop for Waiting<'_> {
             .waiters
             .lock()
             .expect("the waiters lock is never poisoned");
-        if let Some(list) = waiters.get_mut(&self.id) {
-            list.retain(|sender| !sender.is_closed());
-            if list.is_empty() {
-                waiters.remove(&self.id);
+        for id in &self.ids {
+            if let Some(list) = waiters.get_mut(id) {
+                list.retain(|sender| !sender.is_closed());
+                if list.is_empty() {
+                    waiters.remove(id);
+                }
             }
         }
     }
 }
 
-fn settled(id: TransferId, state: TransferState) -> Result<Response, ApiError> {
+/// The refusal a settled prepare ended in, if any.
+fn reservation_refusal(state: TransferState) -> Option<Refusal> {
     match state {
-        TransferState::Aborted(AbortReason::Refused(code)) => Err(refusal_error(Refusal {
+        TransferState::Aborted(AbortReason::Refused(code)) => Some(Refusal {
             code,
             message: match code {
                 ErrorCode::PayerLiquidity => {
@@ -491,32 +520,33 @@ fn settled(id: TransferId, state: TransferState) -> Result<Response, ApiError> {
                 ErrorCode::PayeeNotFound => "no such payee".into(),
                 _ => "the payer or payee does not hold this currency".into(),
             },
-        })),
-        TransferState::Aborted(AbortReason::Expired) => Err(refusal_error(Refusal {
+        }),
+        TransferState::Aborted(AbortReason::Expired) => Some(Refusal {
             code: ErrorCode::Expired,
             message: "the transfer expired before it was reserved".into(),
-        })),
-        TransferState::Received => Ok(json(StatusCode::ACCEPTED, &transfer_body(id, state))),
-        _ => Ok(json(StatusCode::CREATED, &transfer_body(id, state))),
+        }),
+        _ => None,
     }
+}
+
+fn settled(id: TransferId, state: TransferState) -> Result<Response, ApiError> {
+    if let Some(refusal) = reservation_refusal(state) {
+        return Err(refusal_error(refusal));
+    }
+    let status = if state == TransferState::Received {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::CREATED
+    };
+    Ok(json(status, &transfer_body(id, state)))
 }
 
 async fn prepare(State(ledger): Ctx, body: Bytes) -> Result<Response, ApiError> {
     let body: Prepare = parse_body(&body)?;
     let spec = transfer_spec(&body)?;
     let id = spec.id;
-    let (sender, reservation) = tokio::sync::oneshot::channel();
-    ledger
-        .waiters
-        .lock()
-        .expect("the waiters lock is never poisoned")
-        .entry(id)
-        .or_default()
-        .push(sender);
-    let _waiting = Waiting {
-        waiters: &ledger.waiters,
-        id,
-    };
+    let (_waiting, mut reservations) = Waiting::register(&ledger.waiters, vec![id]);
+    let reservation = reservations.pop().expect("one waiter per id");
     match ledger
         .submit(&Owner::Transfer(id), &Command::Prepare(spec))
         .await?
@@ -637,6 +667,163 @@ async fn get_transfer(State(ledger): Ctx, Path(id): Path<String>) -> Result<Resp
     Ok(json(StatusCode::OK, &body))
 }
 
+/// Most operations in one batch request.
+pub const BATCH_OPERATIONS_MAX: usize = 10_000;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct BatchCompletion {
+    transfer_id: String,
+    /// The FSP on whose behalf (the payee), as FSPIOP-Source is for a single request.
+    source: String,
+    fulfilment: Option<String>,
+}
+
+/// One operation of a batch: `{"prepare": {FSPIOP prepare}}`, `{"fulfil": {"transferId", "source",
+/// "fulfilment"}}` or `{"reject": {"transferId", "source"}}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+enum BatchOperation {
+    Prepare(Box<Prepare>),
+    Fulfil(BatchCompletion),
+    Reject(BatchCompletion),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Batch {
+    operations: Vec<Value>,
+}
+
+fn batch_command(operation: Value) -> Result<(TransferId, Command), ApiError> {
+    let operation: BatchOperation = serde_json::from_value(operation)
+        .map_err(|e| validation(format!("invalid operation: {e}")))?;
+    Ok(match operation {
+        BatchOperation::Prepare(prepare) => {
+            let spec = transfer_spec(&prepare)?;
+            (spec.id, Command::Prepare(spec))
+        }
+        BatchOperation::Fulfil(completion) => {
+            let id = parse_transfer_id(&completion.transfer_id)?;
+            check_name("source", &completion.source)?;
+            let fulfilment = completion
+                .fulfilment
+                .as_deref()
+                .ok_or_else(|| validation("a fulfil needs its fulfilment"))?;
+            let fulfilment = parse_32_bytes("fulfilment", fulfilment)?;
+            let source = completion.source;
+            (
+                id,
+                Command::Fulfil {
+                    id,
+                    source,
+                    fulfilment,
+                },
+            )
+        }
+        BatchOperation::Reject(completion) => {
+            let id = parse_transfer_id(&completion.transfer_id)?;
+            check_name("source", &completion.source)?;
+            (
+                id,
+                Command::Reject {
+                    id,
+                    source: completion.source,
+                },
+            )
+        }
+    })
+}
+
+fn batch_result(id: TransferId, outcome: Result<TransferState, Refusal>) -> Value {
+    match outcome.and_then(|state| reservation_refusal(state).map_or(Ok(state), Err)) {
+        Ok(state) => transfer_body(id, state),
+        Err(refusal) => json!({
+            "transferId": format_transfer_id(id),
+            "error": {"code": refusal.code.code().to_string(), "message": refusal.message},
+        }),
+    }
+}
+
+/// `POST /transfers/batch`: many prepares, fulfils and rejects in one request, each applied as the
+/// single request would be, in order per transfer; one result per operation, in order. The answer
+/// comes once every prepare's reservation is settled.
+async fn batch(State(ledger): Ctx, body: Bytes) -> Result<Response, ApiError> {
+    let Batch { operations } = parse_body(&body)?;
+    if operations.is_empty() || operations.len() > BATCH_OPERATIONS_MAX {
+        return Err(validation(format!(
+            "a batch holds 1 to {BATCH_OPERATIONS_MAX} operations"
+        )));
+    }
+    let parsed: Vec<Result<(TransferId, Command), ApiError>> =
+        operations.into_iter().map(batch_command).collect();
+    let prepared: Vec<TransferId> = parsed
+        .iter()
+        .filter_map(|p| match p {
+            Ok((id, Command::Prepare(_))) => Some(*id),
+            _ => None,
+        })
+        .collect();
+    let (_waiting, reservations) = Waiting::register(&ledger.waiters, prepared);
+    let mut reservations = reservations.into_iter();
+    // Queue everything first, so the operations share group commits, then collect the answers.
+    let mut pending = Vec::with_capacity(parsed.len());
+    for item in parsed {
+        pending.push(item.map(|(id, command)| {
+            let partition = ledger.engine.partition_of(&owner_key(&Owner::Transfer(id)));
+            let queued = ledger
+                .engine
+                .enqueue(partition, APP_ID, None, encode(&command));
+            let reservation = matches!(command, Command::Prepare(_))
+                .then(|| reservations.next().expect("one waiter per prepare"));
+            (id, queued, reservation)
+        }));
+    }
+    let deadline = tokio::time::Instant::now() + RESERVATION_WAIT;
+    let mut results = Vec::with_capacity(pending.len());
+    for item in pending {
+        let (id, queued, reservation) = match item {
+            Ok(item) => item,
+            Err(error) => {
+                results.push(json!({"error": {"code": error.code, "message": error.message}}));
+                continue;
+            }
+        };
+        let reply = match queued {
+            Ok(pending) => match pending.reply().await {
+                Ok(reply) => reply_bytes(reply).and_then(|bytes| {
+                    decode::<Reply>(&bytes).map_err(|e| {
+                        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+                    })
+                }),
+                Err(error) => Err(error.into()),
+            },
+            Err(refused) => Err(refused.error.into()),
+        };
+        let outcome = match reply {
+            Ok(Reply::Transfer(_, TransferState::Received)) => {
+                let reservation = reservation.expect("only prepares answer RECEIVED");
+                match tokio::time::timeout_at(deadline, reservation).await {
+                    Ok(Ok(state)) => Ok(state),
+                    _ => Ok(TransferState::Received),
+                }
+            }
+            Ok(Reply::Transfer(_, state)) => Ok(state),
+            Ok(Reply::Refused(refusal)) => Err(refusal),
+            Ok(other) => return Err(unexpected(&other)),
+            Err(error) => {
+                results.push(json!({
+                    "transferId": format_transfer_id(id),
+                    "error": {"code": error.code, "message": error.message},
+                }));
+                continue;
+            }
+        };
+        results.push(batch_result(id, outcome));
+    }
+    Ok(json(StatusCode::OK, &json!({ "results": results })))
+}
+
 /// Tells every partition the time once per interval, so due transfers expire even without traffic.
 fn spawn_ticks(engine: EngineHandle) {
     tokio::spawn(async move {
@@ -671,6 +858,7 @@ pub(crate) fn routes(
         .route("/participants/{name}/ndc", put(set_ndc))
         .route("/participants/{name}/entries", get(get_entries))
         .route("/transfers", post(prepare))
+        .route("/transfers/batch", post(batch))
         .route("/transfers/{id}", put(complete).get(get_transfer))
         .route("/transfers/{id}/error", put(error_callback))
         .with_state(ledger)

@@ -17,6 +17,8 @@ mod state;
 #[cfg(test)]
 mod tests;
 
+pub use http::BATCH_OPERATIONS_MAX;
+
 use spate_engine::AppSpec;
 use spate_server::AppModule;
 use std::sync::{Arc, Mutex, RwLock};

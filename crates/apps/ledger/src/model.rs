@@ -7,19 +7,10 @@ use crate::domain::{Amount, Event, TransferId, TransferState};
 use crate::state::{decode, encode, read_prefixed, write_prefixed};
 use serde::{Deserialize, Serialize};
 use spate_engine::{Lsn, PartitionId, Projection};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::oneshot;
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TransferView {
-    pub payer: String,
-    pub payee: String,
-    pub currency: String,
-    pub amount: Amount,
-    pub state: TransferState,
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ParticipantView {
@@ -31,8 +22,11 @@ pub struct ParticipantView {
 
 #[derive(Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LedgerModel {
-    pub transfers: HashMap<TransferId, TransferView>,
+    /// Every transfer's state (the rest of a transfer is on its partition).
+    pub transfers: HashMap<TransferId, TransferState>,
     pub participants: HashMap<String, ParticipantView>,
+    /// Transfers by FSPIOP state name.
+    pub transfer_states: BTreeMap<String, u64>,
 }
 
 impl LedgerModel {
@@ -70,27 +64,20 @@ impl LedgerModel {
                 p.position = position;
                 p.reserved = reserved;
             }
-            Event::TransferPrepared {
-                id,
-                payer,
-                payee,
-                currency,
-                amount,
-            } => {
-                self.transfers.insert(
-                    id,
-                    TransferView {
-                        payer,
-                        payee,
-                        currency,
-                        amount,
-                        state: TransferState::Received,
-                    },
-                );
+            Event::TransferPrepared { id, .. } => {
+                *self
+                    .transfer_states
+                    .entry(TransferState::Received.name().into())
+                    .or_default() += 1;
+                self.transfers.insert(id, TransferState::Received);
             }
             Event::TransferChanged { id, state } => {
-                if let Some(t) = self.transfers.get_mut(&id) {
-                    t.state = state;
+                if let Some(known) = self.transfers.get_mut(&id)
+                    && known.name() != state.name()
+                {
+                    *self.transfer_states.entry(known.name().into()).or_default() -= 1;
+                    *self.transfer_states.entry(state.name().into()).or_default() += 1;
+                    *known = state;
                 }
             }
         }
