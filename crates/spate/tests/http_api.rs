@@ -50,7 +50,11 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
     for (what, body, status, mentions) in cases {
         // The server closes the connection of an oversized request: that one gets an agent of its own,
         // so no dead connection is left in the shared pool.
-        let sender = if status == 413 { support::agent() } else { agent.clone() };
+        let sender = if status == 413 {
+            support::agent()
+        } else {
+            agent.clone()
+        };
         let (got, answer) = post_bytes(&sender, &entries, None, body).expect("answered");
         assert_eq!(got, status, "{what}: {answer}");
         if got != 413 {
