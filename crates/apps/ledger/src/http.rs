@@ -825,11 +825,22 @@ async fn batch(State(ledger): Ctx, body: Bytes) -> Result<Response, ApiError> {
 }
 
 /// Tells every partition the time once per interval, so due transfers expire even without traffic.
-fn spawn_ticks(engine: EngineHandle) {
+/// Only while the read model counts RESERVED transfers: an idle ledger writes nothing.
+fn spawn_ticks(engine: EngineHandle, model: Arc<RwLock<LedgerModel>>) {
     tokio::spawn(async move {
         let mut interval = tokio::time::interval(TICK_INTERVAL);
         loop {
             interval.tick().await;
+            let reserved = model
+                .read()
+                .expect("the ledger model lock is never poisoned")
+                .transfer_states
+                .get(TransferState::Reserved.name())
+                .copied()
+                .unwrap_or(0);
+            if reserved == 0 {
+                continue;
+            }
             for partition in 0..engine.partition_count() {
                 // A full queue skips this tick; the next one expires the same transfers.
                 let _ = engine.enqueue(partition, APP_ID, None, encode(&Command::Tick));
@@ -843,7 +854,7 @@ pub(crate) fn routes(
     model: Arc<RwLock<LedgerModel>>,
     waiters: Waiters,
 ) -> Router {
-    spawn_ticks(engine.clone());
+    spawn_ticks(engine.clone(), model.clone());
     let ledger = Arc::new(Ledger {
         engine,
         model,
