@@ -17,18 +17,8 @@ fn start(dir: &std::path::Path) -> Server {
     Server::start(dir, &["--apps", "leaderboard"], None)
 }
 
-/// Snapshots every few hundred records, so that a restart restores from a snapshot and replays only the
-/// journal after it (small segments, so older records are released and cannot stand in for a snapshot).
 fn start_snapshotting(dir: &std::path::Path) -> Server {
-    let small = [
-        "--apps",
-        "leaderboard",
-        "--snapshot-interval-records",
-        "300",
-        "--segment-bytes",
-        "32768",
-    ];
-    Server::start(dir, &small, None)
+    Server::start_checkpointing(dir, "leaderboard")
 }
 
 fn ok(result: Result<(u16, Value), ureq::Error>, expected: u16) -> Value {

@@ -15,20 +15,8 @@ fn start(dir: &std::path::Path) -> Server {
     Server::start(dir, &["--apps", "ledger"], None)
 }
 
-/// Snapshots and projection checkpoints every few hundred records, with small segments, so a restart
-/// restores both from files.
 fn start_checkpointing(dir: &std::path::Path) -> Server {
-    let small = [
-        "--apps",
-        "ledger",
-        "--snapshot-interval-records",
-        "300",
-        "--projection-checkpoint-interval-records",
-        "500",
-        "--segment-bytes",
-        "32768",
-    ];
-    Server::start(dir, &small, None)
+    Server::start_checkpointing(dir, "ledger")
 }
 
 fn b64(bytes: &[u8]) -> String {

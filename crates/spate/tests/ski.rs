@@ -10,50 +10,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::{Server, agent, eventually, get};
+use support::{Server, agent, eventually, get, post_raw};
 
 fn start(dir: &std::path::Path) -> Server {
     Server::start(dir, &["--apps", "ski"], None)
 }
 
-/// Snapshots and projection checkpoints every few hundred records, with small segments, so a restart
-/// restores both from files and replays only the journal after them.
 fn start_checkpointing(dir: &std::path::Path) -> Server {
-    let small = [
-        "--apps",
-        "ski",
-        "--snapshot-interval-records",
-        "300",
-        "--projection-checkpoint-interval-records",
-        "500",
-        "--segment-bytes",
-        "32768",
-    ];
-    Server::start(dir, &small, None)
-}
-
-/// Sends `body` as it is, with `content_type` if given; `Err` only when no HTTP answer came.
-fn post_raw(
-    agent: &ureq::Agent,
-    url: &str,
-    content_type: Option<&str>,
-    key: Option<&str>,
-    body: &[u8],
-) -> Result<(u16, Value), ureq::Error> {
-    let mut request = agent.post(url);
-    if let Some(content_type) = content_type {
-        request = request.header("content-type", content_type);
-    }
-    if let Some(key) = key {
-        request = request.header("Idempotency-Key", key);
-    }
-    let mut response = request.send(body)?;
-    let status = response.status().as_u16();
-    let value = response
-        .body_mut()
-        .read_json::<Value>()
-        .unwrap_or(Value::Null);
-    Ok((status, value))
+    Server::start_checkpointing(dir, "ski")
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -89,6 +89,23 @@ impl Server {
         }
     }
 
+    /// Starts `spate serve --apps <apps>` snapshotting and checkpointing projections every few hundred
+    /// records with small journal segments, so that a restart must restore both from their files and
+    /// replay only the journal after them.
+    pub fn start_checkpointing(data_dir: &Path, apps: &str) -> Self {
+        let small = [
+            "--apps",
+            apps,
+            "--snapshot-interval-records",
+            "300",
+            "--projection-checkpoint-interval-records",
+            "500",
+            "--segment-bytes",
+            "32768",
+        ];
+        Self::start(data_dir, &small, None)
+    }
+
     pub fn kill9(mut self) {
         self.child.kill().expect("SIGKILL");
         self.child.wait().expect("reap");
@@ -137,7 +154,21 @@ pub fn post_bytes(
     key: Option<&str>,
     body: Vec<u8>,
 ) -> Result<(u16, Value), ureq::Error> {
-    let mut request = agent.post(url).header("content-type", "application/json");
+    post_raw(agent, url, Some("application/json"), key, &body)
+}
+
+/// POSTs `body` as it is, with `content_type` if given; `Err` only when no HTTP answer came.
+pub fn post_raw(
+    agent: &ureq::Agent,
+    url: &str,
+    content_type: Option<&str>,
+    key: Option<&str>,
+    body: &[u8],
+) -> Result<(u16, Value), ureq::Error> {
+    let mut request = agent.post(url);
+    if let Some(content_type) = content_type {
+        request = request.header("content-type", content_type);
+    }
     if let Some(key) = key {
         request = request.header("Idempotency-Key", key);
     }
