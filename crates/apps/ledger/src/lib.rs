@@ -6,7 +6,8 @@
 //!   routed to the partition of the transfer or participant they concern.
 //! - `model.rs`: the read model over all partitions, and the wake-up of prepares waiting for their
 //!   reservation.
-//! - `amount.rs`: FSPIOP decimal amounts held exactly in minor units. `http.rs`: the API.
+//! - `amount.rs`: FSPIOP decimal amounts held exactly in minor units. `http/`: the API, its request
+//!   parsing and the batch endpoint.
 
 mod amount;
 pub mod domain;

@@ -6,10 +6,14 @@
 //! one transfer or participant are read from its partition (consistent with every acknowledged
 //! write); `GET /participants` lists all of them from the read model, which may lag by a group commit.
 
+mod batch;
+mod parse;
+
+pub use batch::BATCH_OPERATIONS_MAX;
+
 use crate::amount;
 use crate::domain::{
-    AbortReason, Amount, Command, ErrorCode, Refusal, Reply, TransferId, TransferSpec,
-    TransferState,
+    AbortReason, Amount, Command, ErrorCode, Refusal, Reply, TransferId, TransferState,
 };
 use crate::model::{LedgerModel, Waiters};
 use crate::state::{LedgerState, decode, encode, owner_key};
@@ -20,7 +24,10 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::{get, post, put};
-use base64::Engine as _;
+use parse::{
+    Prepare, check_currency, check_name, format_time_ms, format_transfer_id, parse_32_bytes,
+    parse_body, parse_time_ms, parse_transfer_id, refusal_error, transfer_spec, validation,
+};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use spate_engine::EngineHandle;
@@ -30,8 +37,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-/// Longest FSP name (FSPIOP's FspId).
-const NAME_BYTES_MAX: usize = 32;
 /// How long a prepare waits for its reservation before answering RECEIVED.
 const RESERVATION_WAIT: Duration = Duration::from_secs(10);
 /// Most entries one page returns.
@@ -46,121 +51,6 @@ struct Ledger {
 }
 
 type Ctx = State<Arc<Ledger>>;
-
-/// The FSPIOP error as spate's error shape: the code is FSPIOP's, the status follows from it.
-fn refusal_error(refusal: Refusal) -> ApiError {
-    let status = match refusal.code {
-        ErrorCode::Validation
-        | ErrorCode::Expired
-        | ErrorCode::PayerNotFound
-        | ErrorCode::PayeeNotFound => StatusCode::BAD_REQUEST,
-        ErrorCode::ModifiedRequest | ErrorCode::ParticipantExists => StatusCode::CONFLICT,
-        ErrorCode::TransferNotFound | ErrorCode::ParticipantNotFound => StatusCode::NOT_FOUND,
-        ErrorCode::PayerLiquidity => StatusCode::UNPROCESSABLE_ENTITY,
-    };
-    ApiError::new(status, refusal.code.code().to_string(), refusal.message)
-}
-
-fn validation(message: impl Into<String>) -> ApiError {
-    refusal_error(Refusal {
-        code: ErrorCode::Validation,
-        message: message.into(),
-    })
-}
-
-/// A JSON body under any content type: FSPIOP clients send `application/vnd.interoperability.*+json`.
-/// What does not parse is a 3100 naming the problem.
-fn parse_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| validation(format!("invalid JSON body: {e}")))
-}
-
-fn check_name(field: &str, name: &str) -> Result<(), ApiError> {
-    let valid = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
-    if name.is_empty() || name.len() > NAME_BYTES_MAX || !name.bytes().all(valid) {
-        return Err(validation(format!(
-            "{field} must be 1 to {NAME_BYTES_MAX} characters of A-Z, a-z, 0-9, '-', '_' or '.'"
-        )));
-    }
-    Ok(())
-}
-
-fn check_currency(currency: &str) -> Result<(), ApiError> {
-    if amount::valid_currency(currency) {
-        Ok(())
-    } else {
-        Err(validation(format!(
-            "currency {currency:?} is not three capital letters (ISO 4217)"
-        )))
-    }
-}
-
-/// FSPIOP's `transferId`: a UUID in its canonical 8-4-4-4-12 form.
-fn parse_transfer_id(text: &str) -> Result<TransferId, ApiError> {
-    let bytes = text.as_bytes();
-    let dashes_at = [8, 13, 18, 23];
-    let shaped = bytes.len() == 36
-        && bytes.iter().enumerate().all(|(i, b)| {
-            if dashes_at.contains(&i) {
-                *b == b'-'
-            } else {
-                b.is_ascii_hexdigit()
-            }
-        });
-    if !shaped {
-        return Err(validation(format!(
-            "transferId {:?} is not a UUID such as \"b51ec534-ee48-4575-b6a9-ead2955b8069\"",
-            text.chars().take(40).collect::<String>()
-        )));
-    }
-    let hex: String = text.chars().filter(|c| *c != '-').collect();
-    Ok(u128::from_str_radix(&hex, 16).expect("checked hex digits"))
-}
-
-fn format_transfer_id(id: TransferId) -> String {
-    let hex = format!("{id:032x}");
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    )
-}
-
-/// A condition or fulfilment: base64url without padding of 32 bytes (43 characters).
-fn parse_32_bytes(field: &str, text: &str) -> Result<[u8; 32], ApiError> {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(text)
-        .ok()
-        .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
-        .ok_or_else(|| {
-            validation(format!(
-                "{field} must be 32 bytes in base64url without padding (43 characters)"
-            ))
-        })
-}
-
-fn parse_time_ms(field: &str, text: &str) -> Result<u64, ApiError> {
-    let parsed = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
-        .map_err(|e| {
-            validation(format!(
-                "{field} {text:?} is not an RFC 3339 date-time: {e}"
-            ))
-        })?;
-    u64::try_from(parsed.unix_timestamp_nanos() / 1_000_000)
-        .map_err(|_| validation(format!("{field} is before 1970")))
-}
-
-fn format_time_ms(ms: u64) -> String {
-    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default()
-}
 
 impl Ledger {
     async fn submit(&self, owner: &Owner, command: &Command) -> Result<Reply, ApiError> {
@@ -404,65 +294,6 @@ async fn list_participants(State(ledger): Ctx) -> Response {
     )
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Money {
-    currency: String,
-    amount: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct Prepare {
-    transfer_id: String,
-    payer_fsp: String,
-    payee_fsp: String,
-    amount: Money,
-    condition: String,
-    expiration: String,
-    ilp_packet: Option<String>,
-    extension_list: Option<Value>,
-}
-
-fn transfer_spec(body: &Prepare) -> Result<TransferSpec, ApiError> {
-    let id = parse_transfer_id(&body.transfer_id)?;
-    check_name("payerFsp", &body.payer_fsp)?;
-    check_name("payeeFsp", &body.payee_fsp)?;
-    if body.payer_fsp == body.payee_fsp {
-        return Err(validation("payerFsp and payeeFsp must differ"));
-    }
-    check_currency(&body.amount.currency)?;
-    let amount = amount::parse(&body.amount.amount, &body.amount.currency).map_err(validation)?;
-    if amount <= 0 {
-        return Err(validation("amount must be positive"));
-    }
-    let condition = parse_32_bytes("condition", &body.condition)?;
-    let expiration_ms = parse_time_ms("expiration", &body.expiration)?;
-    // Everything the request says, so a resend is told from a modified request.
-    let canonical = serde_json::to_vec(&json!([
-        body.transfer_id,
-        body.payer_fsp,
-        body.payee_fsp,
-        body.amount.currency,
-        amount.to_string(),
-        body.condition,
-        expiration_ms,
-        body.ilp_packet,
-        body.extension_list,
-    ]))
-    .expect("JSON encodes");
-    Ok(TransferSpec {
-        id,
-        payer: body.payer_fsp.clone(),
-        payee: body.payee_fsp.clone(),
-        currency: body.amount.currency.clone(),
-        amount,
-        condition,
-        expiration_ms,
-        content_hash: xxhash_rust::xxh3::xxh3_64(&canonical),
-    })
-}
-
 /// Prepares waiting for their reservations; each waiter is removed when the request is done with it,
 /// answered or not.
 struct Waiting<'a> {
@@ -667,163 +498,6 @@ async fn get_transfer(State(ledger): Ctx, Path(id): Path<String>) -> Result<Resp
     Ok(json(StatusCode::OK, &body))
 }
 
-/// Most operations in one batch request.
-pub const BATCH_OPERATIONS_MAX: usize = 10_000;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct BatchCompletion {
-    transfer_id: String,
-    /// The FSP on whose behalf (the payee), as FSPIOP-Source is for a single request.
-    source: String,
-    fulfilment: Option<String>,
-}
-
-/// One operation of a batch: `{"prepare": {FSPIOP prepare}}`, `{"fulfil": {"transferId", "source",
-/// "fulfilment"}}` or `{"reject": {"transferId", "source"}}`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-enum BatchOperation {
-    Prepare(Box<Prepare>),
-    Fulfil(BatchCompletion),
-    Reject(BatchCompletion),
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Batch {
-    operations: Vec<Value>,
-}
-
-fn batch_command(operation: Value) -> Result<(TransferId, Command), ApiError> {
-    let operation: BatchOperation = serde_json::from_value(operation)
-        .map_err(|e| validation(format!("invalid operation: {e}")))?;
-    Ok(match operation {
-        BatchOperation::Prepare(prepare) => {
-            let spec = transfer_spec(&prepare)?;
-            (spec.id, Command::Prepare(spec))
-        }
-        BatchOperation::Fulfil(completion) => {
-            let id = parse_transfer_id(&completion.transfer_id)?;
-            check_name("source", &completion.source)?;
-            let fulfilment = completion
-                .fulfilment
-                .as_deref()
-                .ok_or_else(|| validation("a fulfil needs its fulfilment"))?;
-            let fulfilment = parse_32_bytes("fulfilment", fulfilment)?;
-            let source = completion.source;
-            (
-                id,
-                Command::Fulfil {
-                    id,
-                    source,
-                    fulfilment,
-                },
-            )
-        }
-        BatchOperation::Reject(completion) => {
-            let id = parse_transfer_id(&completion.transfer_id)?;
-            check_name("source", &completion.source)?;
-            (
-                id,
-                Command::Reject {
-                    id,
-                    source: completion.source,
-                },
-            )
-        }
-    })
-}
-
-fn batch_result(id: TransferId, outcome: Result<TransferState, Refusal>) -> Value {
-    match outcome.and_then(|state| reservation_refusal(state).map_or(Ok(state), Err)) {
-        Ok(state) => transfer_body(id, state),
-        Err(refusal) => json!({
-            "transferId": format_transfer_id(id),
-            "error": {"code": refusal.code.code().to_string(), "message": refusal.message},
-        }),
-    }
-}
-
-/// `POST /transfers/batch`: many prepares, fulfils and rejects in one request, each applied as the
-/// single request would be, in order per transfer; one result per operation, in order. The answer
-/// comes once every prepare's reservation is settled.
-async fn batch(State(ledger): Ctx, body: Bytes) -> Result<Response, ApiError> {
-    let Batch { operations } = parse_body(&body)?;
-    if operations.is_empty() || operations.len() > BATCH_OPERATIONS_MAX {
-        return Err(validation(format!(
-            "a batch holds 1 to {BATCH_OPERATIONS_MAX} operations"
-        )));
-    }
-    let parsed: Vec<Result<(TransferId, Command), ApiError>> =
-        operations.into_iter().map(batch_command).collect();
-    let prepared: Vec<TransferId> = parsed
-        .iter()
-        .filter_map(|p| match p {
-            Ok((id, Command::Prepare(_))) => Some(*id),
-            _ => None,
-        })
-        .collect();
-    let (_waiting, reservations) = Waiting::register(&ledger.waiters, prepared);
-    let mut reservations = reservations.into_iter();
-    // Queue everything first, so the operations share group commits, then collect the answers.
-    let mut pending = Vec::with_capacity(parsed.len());
-    for item in parsed {
-        pending.push(item.map(|(id, command)| {
-            let partition = ledger.engine.partition_of(&owner_key(&Owner::Transfer(id)));
-            let queued = ledger
-                .engine
-                .enqueue(partition, APP_ID, None, encode(&command));
-            let reservation = matches!(command, Command::Prepare(_))
-                .then(|| reservations.next().expect("one waiter per prepare"));
-            (id, queued, reservation)
-        }));
-    }
-    let deadline = tokio::time::Instant::now() + RESERVATION_WAIT;
-    let mut results = Vec::with_capacity(pending.len());
-    for item in pending {
-        let (id, queued, reservation) = match item {
-            Ok(item) => item,
-            Err(error) => {
-                results.push(json!({"error": {"code": error.code, "message": error.message}}));
-                continue;
-            }
-        };
-        let reply = match queued {
-            Ok(pending) => match pending.reply().await {
-                Ok(reply) => reply_bytes(reply).and_then(|bytes| {
-                    decode::<Reply>(&bytes).map_err(|e| {
-                        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-                    })
-                }),
-                Err(error) => Err(error.into()),
-            },
-            Err(refused) => Err(refused.error.into()),
-        };
-        let outcome = match reply {
-            Ok(Reply::Transfer(_, TransferState::Received)) => {
-                let reservation = reservation.expect("only prepares answer RECEIVED");
-                match tokio::time::timeout_at(deadline, reservation).await {
-                    Ok(Ok(state)) => Ok(state),
-                    _ => Ok(TransferState::Received),
-                }
-            }
-            Ok(Reply::Transfer(_, state)) => Ok(state),
-            Ok(Reply::Refused(refusal)) => Err(refusal),
-            Ok(other) => return Err(unexpected(&other)),
-            Err(error) => {
-                results.push(json!({
-                    "transferId": format_transfer_id(id),
-                    "error": {"code": error.code, "message": error.message},
-                }));
-                continue;
-            }
-        };
-        results.push(batch_result(id, outcome));
-    }
-    Ok(json(StatusCode::OK, &json!({ "results": results })))
-}
-
 /// Tells every partition the time once per interval, so due transfers expire even without traffic.
 /// Only while the read model counts RESERVED transfers: an idle ledger writes nothing.
 fn spawn_ticks(engine: EngineHandle, model: Arc<RwLock<LedgerModel>>) {
@@ -869,7 +543,7 @@ pub(crate) fn routes(
         .route("/participants/{name}/ndc", put(set_ndc))
         .route("/participants/{name}/entries", get(get_entries))
         .route("/transfers", post(prepare))
-        .route("/transfers/batch", post(batch))
+        .route("/transfers/batch", post(batch::batch))
         .route("/transfers/{id}", put(complete).get(get_transfer))
         .route("/transfers/{id}/error", put(error_callback))
         .with_state(ledger)

@@ -1,0 +1,188 @@
+//! Reading FSPIOP requests: names, currencies, transfer ids, amounts, conditions, times and bodies, each
+//! refused with a 3100 whose message names the problem; and the FSPIOP error as spate's error shape.
+
+use crate::amount;
+use crate::domain::{ErrorCode, Refusal, TransferId, TransferSpec};
+use axum::body::Bytes;
+use axum::http::StatusCode;
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use spate_server::ApiError;
+
+/// Longest FSP name (FSPIOP's FspId).
+const NAME_BYTES_MAX: usize = 32;
+
+/// The FSPIOP error as spate's error shape: the code is FSPIOP's, the status follows from it.
+pub(super) fn refusal_error(refusal: Refusal) -> ApiError {
+    let status = match refusal.code {
+        ErrorCode::Validation
+        | ErrorCode::Expired
+        | ErrorCode::PayerNotFound
+        | ErrorCode::PayeeNotFound => StatusCode::BAD_REQUEST,
+        ErrorCode::ModifiedRequest | ErrorCode::ParticipantExists => StatusCode::CONFLICT,
+        ErrorCode::TransferNotFound | ErrorCode::ParticipantNotFound => StatusCode::NOT_FOUND,
+        ErrorCode::PayerLiquidity => StatusCode::UNPROCESSABLE_ENTITY,
+    };
+    ApiError::new(status, refusal.code.code().to_string(), refusal.message)
+}
+
+pub(super) fn validation(message: impl Into<String>) -> ApiError {
+    refusal_error(Refusal {
+        code: ErrorCode::Validation,
+        message: message.into(),
+    })
+}
+
+/// A JSON body under any content type: FSPIOP clients send `application/vnd.interoperability.*+json`.
+/// What does not parse is a 3100 naming the problem.
+pub(super) fn parse_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| validation(format!("invalid JSON body: {e}")))
+}
+
+pub(super) fn check_name(field: &str, name: &str) -> Result<(), ApiError> {
+    let valid = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+    if name.is_empty() || name.len() > NAME_BYTES_MAX || !name.bytes().all(valid) {
+        return Err(validation(format!(
+            "{field} must be 1 to {NAME_BYTES_MAX} characters of A-Z, a-z, 0-9, '-', '_' or '.'"
+        )));
+    }
+    Ok(())
+}
+
+pub(super) fn check_currency(currency: &str) -> Result<(), ApiError> {
+    if amount::valid_currency(currency) {
+        Ok(())
+    } else {
+        Err(validation(format!(
+            "currency {currency:?} is not three capital letters (ISO 4217)"
+        )))
+    }
+}
+
+/// FSPIOP's `transferId`: a UUID in its canonical 8-4-4-4-12 form.
+pub(super) fn parse_transfer_id(text: &str) -> Result<TransferId, ApiError> {
+    let bytes = text.as_bytes();
+    let dashes_at = [8, 13, 18, 23];
+    let shaped = bytes.len() == 36
+        && bytes.iter().enumerate().all(|(i, b)| {
+            if dashes_at.contains(&i) {
+                *b == b'-'
+            } else {
+                b.is_ascii_hexdigit()
+            }
+        });
+    if !shaped {
+        return Err(validation(format!(
+            "transferId {:?} is not a UUID such as \"b51ec534-ee48-4575-b6a9-ead2955b8069\"",
+            text.chars().take(40).collect::<String>()
+        )));
+    }
+    let hex: String = text.chars().filter(|c| *c != '-').collect();
+    Ok(u128::from_str_radix(&hex, 16).expect("checked hex digits"))
+}
+
+pub(super) fn format_transfer_id(id: TransferId) -> String {
+    let hex = format!("{id:032x}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
+/// A condition or fulfilment: base64url without padding of 32 bytes (43 characters).
+pub(super) fn parse_32_bytes(field: &str, text: &str) -> Result<[u8; 32], ApiError> {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(text)
+        .ok()
+        .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
+        .ok_or_else(|| {
+            validation(format!(
+                "{field} must be 32 bytes in base64url without padding (43 characters)"
+            ))
+        })
+}
+
+pub(super) fn parse_time_ms(field: &str, text: &str) -> Result<u64, ApiError> {
+    let parsed = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .map_err(|e| {
+            validation(format!(
+                "{field} {text:?} is not an RFC 3339 date-time: {e}"
+            ))
+        })?;
+    u64::try_from(parsed.unix_timestamp_nanos() / 1_000_000)
+        .map_err(|_| validation(format!("{field} is before 1970")))
+}
+
+pub(super) fn format_time_ms(ms: u64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Money {
+    currency: String,
+    amount: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct Prepare {
+    transfer_id: String,
+    payer_fsp: String,
+    payee_fsp: String,
+    amount: Money,
+    condition: String,
+    expiration: String,
+    ilp_packet: Option<String>,
+    extension_list: Option<Value>,
+}
+
+pub(super) fn transfer_spec(body: &Prepare) -> Result<TransferSpec, ApiError> {
+    let id = parse_transfer_id(&body.transfer_id)?;
+    check_name("payerFsp", &body.payer_fsp)?;
+    check_name("payeeFsp", &body.payee_fsp)?;
+    if body.payer_fsp == body.payee_fsp {
+        return Err(validation("payerFsp and payeeFsp must differ"));
+    }
+    check_currency(&body.amount.currency)?;
+    let amount = amount::parse(&body.amount.amount, &body.amount.currency).map_err(validation)?;
+    if amount <= 0 {
+        return Err(validation("amount must be positive"));
+    }
+    let condition = parse_32_bytes("condition", &body.condition)?;
+    let expiration_ms = parse_time_ms("expiration", &body.expiration)?;
+    // Everything the request says, so a resend is told from a modified request.
+    let canonical = serde_json::to_vec(&json!([
+        body.transfer_id,
+        body.payer_fsp,
+        body.payee_fsp,
+        body.amount.currency,
+        amount.to_string(),
+        body.condition,
+        expiration_ms,
+        body.ilp_packet,
+        body.extension_list,
+    ]))
+    .expect("JSON encodes");
+    Ok(TransferSpec {
+        id,
+        payer: body.payer_fsp.clone(),
+        payee: body.payee_fsp.clone(),
+        currency: body.amount.currency.clone(),
+        amount,
+        condition,
+        expiration_ms,
+        content_hash: xxhash_rust::xxh3::xxh3_64(&canonical),
+    })
+}
