@@ -42,11 +42,14 @@ enum BatchOperation {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Batch {
-    operations: Vec<Value>,
+    /// Kept raw, so each operation is parsed once and a bad one fails alone.
+    operations: Vec<Box<serde_json::value::RawValue>>,
 }
 
-fn batch_command(operation: Value) -> Result<(TransferId, Command), ApiError> {
-    let operation: BatchOperation = serde_json::from_value(operation)
+fn batch_command(
+    operation: Box<serde_json::value::RawValue>,
+) -> Result<(TransferId, Command), ApiError> {
+    let operation: BatchOperation = serde_json::from_str(operation.get())
         .map_err(|e| validation(format!("invalid operation: {e}")))?;
     Ok(match operation {
         BatchOperation::Prepare(prepare) => {
