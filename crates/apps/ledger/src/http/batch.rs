@@ -47,7 +47,7 @@ struct Batch {
 }
 
 fn batch_command(
-    operation: Box<serde_json::value::RawValue>,
+    operation: &serde_json::value::RawValue,
 ) -> Result<(TransferId, Command), ApiError> {
     let operation: BatchOperation = serde_json::from_str(operation.get())
         .map_err(|e| validation(format!("invalid operation: {e}")))?;
@@ -108,8 +108,10 @@ pub(super) async fn batch(State(ledger): Ctx, body: Bytes) -> Result<Response, A
             "a batch holds 1 to {BATCH_OPERATIONS_MAX} operations"
         )));
     }
-    let parsed: Vec<Result<(TransferId, Command), ApiError>> =
-        operations.into_iter().map(batch_command).collect();
+    let parsed: Vec<Result<(TransferId, Command), ApiError>> = operations
+        .iter()
+        .map(|operation| batch_command(operation))
+        .collect();
     let prepared: Vec<TransferId> = parsed
         .iter()
         .filter_map(|p| match p {
