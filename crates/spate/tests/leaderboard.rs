@@ -8,8 +8,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use std::collections::HashMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::{Server, agent, get, send};
 
@@ -681,10 +681,7 @@ fn crash_client(base: &str, seed: u64, id: usize, state: &Mutex<Client>, stop: &
 
 #[test]
 fn kill_9_under_load_loses_no_acknowledged_update_and_applies_none_twice() {
-    let seed: u64 = std::env::var("SPATE_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(17);
+    let seed = support::crash_seed(17);
     let dir = tempfile::tempdir().unwrap();
     let server = start_snapshotting(dir.path());
     let base = server.base.clone();
@@ -697,15 +694,8 @@ fn kill_9_under_load_loses_no_acknowledged_update_and_applies_none_twice() {
         );
     }
     let clients: Vec<Mutex<Client>> = (0..6).map(|_| Mutex::default()).collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    std::thread::scope(|scope| {
-        for (id, state) in clients.iter().enumerate() {
-            let (base, stop) = (base.clone(), stop.clone());
-            scope.spawn(move || crash_client(&base, seed, id, state, &stop));
-        }
-        std::thread::sleep(Duration::from_millis(1500));
-        server.kill9();
-        stop.store(true, Ordering::Relaxed);
+    support::kill_under_load(server, &clients, |id, state, stop| {
+        crash_client(&base, seed, id, state, stop)
     });
     let acked_before: usize = clients.iter().map(|c| c.lock().unwrap().acked.len()).sum();
     let in_flight = clients

@@ -6,8 +6,8 @@ mod support;
 use base64::Engine as _;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use support::{Server, agent, eventually, get, send};
 
@@ -525,15 +525,8 @@ fn kill_9_under_load_keeps_every_acknowledged_transfer_in_its_state() {
         create(&agent, &base, fsp, "100000000");
     }
     let clients: Vec<Mutex<Client>> = (0..6).map(|_| Mutex::default()).collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    std::thread::scope(|scope| {
-        for (id, state) in clients.iter().enumerate() {
-            let (base, stop) = (base.clone(), stop.clone());
-            scope.spawn(move || crash_client(&base, id as u64 + 1, state, &stop));
-        }
-        std::thread::sleep(Duration::from_millis(1500));
-        server.kill9();
-        stop.store(true, Ordering::Relaxed);
+    support::kill_under_load(server, &clients, |id, state, stop| {
+        crash_client(&base, id as u64 + 1, state, stop)
     });
     let acked: Vec<_> = clients
         .iter()

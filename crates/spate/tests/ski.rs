@@ -7,8 +7,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::{Server, agent, eventually, get, post_raw};
 
@@ -777,23 +777,13 @@ fn crash_client(base: &str, seed: u64, id: u32, state: &Mutex<Client>, stop: &At
 
 #[test]
 fn kill_9_during_a_post_storm_keeps_every_acknowledged_ride_exactly_once() {
-    let seed: u64 = std::env::var("SPATE_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(23);
+    let seed = support::crash_seed(23);
     let dir = tempfile::tempdir().unwrap();
     let server = start_checkpointing(dir.path());
     let base = server.base.clone();
     let clients: Vec<Mutex<Client>> = (0..8).map(|_| Mutex::default()).collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    std::thread::scope(|scope| {
-        for (id, state) in clients.iter().enumerate() {
-            let (base, stop) = (base.clone(), stop.clone());
-            scope.spawn(move || crash_client(&base, seed, id as u32, state, &stop));
-        }
-        std::thread::sleep(Duration::from_millis(1500));
-        server.kill9();
-        stop.store(true, Ordering::Relaxed);
+    support::kill_under_load(server, &clients, |id, state, stop| {
+        crash_client(&base, seed, id as u32, state, stop)
     });
     let acked_before: usize = clients.iter().map(|c| c.lock().unwrap().acked.len()).sum();
     let in_flight = clients

@@ -5,8 +5,8 @@
 //! segment; anything else that fails its checksum is corruption and stops start-up.
 //!
 //! A new segment is preallocated to `segment_bytes` (`fallocate`), and appends write in place: then
-//! `fdatasync` need not also commit a new file size through the filesystem's journal, which on ext4 cut
-//! its cost from about 165 to 110 us and 74 to 50 us of CPU per call on the benchmark machine. The unused
+//! `fdatasync` need not also commit a new file size through the filesystem's journal (on ext4 a 1-record
+//! commit went from 156 to 127 us in `cargo bench -p spate-engine --bench journal`, BENCHMARKS.md). The unused
 //! rest of a segment reads as zeros; a frame never starts with a zero length, so the first all-zero byte
 //! after the last record ends the segment.
 

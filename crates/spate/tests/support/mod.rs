@@ -252,3 +252,31 @@ pub fn send(
         .unwrap_or(Value::Null);
     Ok((status, value))
 }
+
+/// The crash tests' seed: `SPATE_CRASH_SEED` if set, else `default`.
+pub fn crash_seed(default: u64) -> u64 {
+    std::env::var("SPATE_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Runs `client(id, state, stop)` on a thread per state, kills the server with SIGKILL after 1.5 s,
+/// then tells the clients to stop and waits for them. Each client records what was acknowledged in its
+/// state and returns once a request finds the server gone (or `stop` is set).
+pub fn kill_under_load<T: Sync>(
+    server: Server,
+    states: &[T],
+    client: impl Fn(usize, &T, &std::sync::atomic::AtomicBool) + Sync,
+) {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for (id, state) in states.iter().enumerate() {
+            let (client, stop) = (&client, &stop);
+            scope.spawn(move || client(id, state, stop));
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+        server.kill9();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+}
