@@ -438,6 +438,20 @@ fn two_phases_rejects_expiry_and_every_error_code() {
         "1 to 10000",
     );
 
+    // Malformed and oversized bodies change nothing.
+    let before = participant(&agent, base, "dfsp1");
+    let (status, body) =
+        support::post_raw(&agent, &transfers, None, None, b"{\"transferId\": ").unwrap();
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (400, json!("3100")),
+        "{body}"
+    );
+    let huge = vec![b' '; 5 << 20];
+    let (status, _) = support::post_raw(&agent(), &batch_url, None, None, &huge).unwrap();
+    assert_eq!(status, 413);
+    assert_eq!(participant(&agent, base, "dfsp1"), before);
+
     // The cap can move, but not below what is in use.
     let ndc = |value: &str| {
         put_as(
