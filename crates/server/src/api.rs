@@ -135,3 +135,27 @@ pub fn reply_bytes(reply: Reply) -> Result<Vec<u8>, ApiError> {
 pub fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
     (status, axum::Json(body)).into_response()
 }
+
+/// Sends `payload` to every partition of `app` once per `interval` while `active()` says there is
+/// something to do (for commands that carry the time to apply, such as expiry ticks): an idle app writes
+/// nothing. A full queue skips a round; the next one does the same work.
+pub fn spawn_ticks(
+    engine: spate_engine::EngineHandle,
+    app: spate_engine::AppId,
+    interval: std::time::Duration,
+    payload: Vec<u8>,
+    active: impl Fn() -> bool + Send + 'static,
+) {
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(interval);
+        loop {
+            interval.tick().await;
+            if !active() {
+                continue;
+            }
+            for partition in 0..engine.partition_count() {
+                let _ = engine.enqueue(partition, app, None, payload.clone());
+            }
+        }
+    });
+}

@@ -72,6 +72,25 @@ pub struct ServeArgs {
     /// fraud: most transactions kept per card [default: 32]
     #[arg(long, env = "SPATE_FRAUD_ENTRIES_PER_CARD")]
     fraud_entries_per_card: Option<usize>,
+    /// payments: the key-encrypting key for card data, outside the data directory; created (with a
+    /// warning) if missing [default: $XDG_CONFIG_HOME/spate/payments.kek or ~/.config/spate/payments.kek]
+    #[arg(long, env = "SPATE_KEK_FILE")]
+    kek_file: Option<PathBuf>,
+    /// payments: merchant settings and feature switches (TOML) [default: the built-in copy]
+    #[arg(long, env = "SPATE_PAYMENTS_MERCHANTS")]
+    payments_merchants: Option<PathBuf>,
+    /// payments: tax rates (CSV) [default: the built-in copy]
+    #[arg(long, env = "SPATE_PAYMENTS_TAX_RATES")]
+    payments_tax_rates: Option<PathBuf>,
+    /// payments: where settlement files go [default: <data-dir>/settlements]
+    #[arg(long, env = "SPATE_PAYMENTS_SETTLEMENT_DIR")]
+    payments_settlement_dir: Option<PathBuf>,
+    /// payments: settle every this many seconds inside the server; 0 only on request [default: 0]
+    #[arg(long, env = "SPATE_PAYMENTS_SETTLE_EVERY_SECS")]
+    payments_settle_every_secs: Option<u64>,
+    /// payments: events kept per partition for GET /v1/events [default: 1000000]
+    #[arg(long, env = "SPATE_PAYMENTS_FEED_EVENTS")]
+    payments_feed_events: Option<usize>,
     /// ski: accepted resortIDs, MIN-MAX [default: 1-10]
     #[arg(long, env = "SPATE_SKI_RESORTS")]
     ski_resorts: Option<String>,
@@ -95,6 +114,42 @@ pub struct AppOptions {
     fraud_key_file: PathBuf,
     fraud_entries_per_card: usize,
     ski: spate_ski::SkiConfig,
+    payments: PaymentsOptions,
+}
+
+/// The payments app's options; its module is built from them when the app is enabled.
+pub struct PaymentsOptions {
+    data_dir: PathBuf,
+    kek_file: Option<PathBuf>,
+    merchants: Option<PathBuf>,
+    tax_rates: Option<PathBuf>,
+    settlement_dir: PathBuf,
+    settle_every_secs: u64,
+    feed_events: usize,
+}
+
+impl PaymentsOptions {
+    fn module(&self) -> anyhow::Result<AppModule> {
+        let kek_file = match &self.kek_file {
+            Some(path) => path.clone(),
+            None => spate_payments::keys::default_kek_path().context(
+                "payments: no --kek-file, SPATE_KEK_FILE, XDG_CONFIG_HOME or HOME to place the key-encrypting key",
+            )?,
+        };
+        spate_payments::module(spate_payments::PaymentsConfig {
+            data_dir: self.data_dir.clone(),
+            kek_file,
+            settlement_dir: self.settlement_dir.clone(),
+            reference: spate_payments::reference::ReferenceSources {
+                merchants_file: self.merchants.clone(),
+                tax_rates_file: self.tax_rates.clone(),
+            },
+            settle_every: (self.settle_every_secs > 0)
+                .then(|| Duration::from_secs(self.settle_every_secs)),
+            feed_events_per_partition: self.feed_events.max(1),
+        })
+        .map_err(|e| anyhow::anyhow!("payments: {e}"))
+    }
 }
 
 /// Every app this binary can run, by name.
@@ -102,6 +157,7 @@ const APPS: &[&str] = &[
     spate_fraud::APP_NAME,
     spate_leaderboard::APP_NAME,
     spate_ledger::APP_NAME,
+    spate_payments::APP_NAME,
     spate_ski::APP_NAME,
     spate_tally::APP_NAME,
 ];
@@ -114,6 +170,7 @@ pub fn modules(names: &[String], options: &AppOptions) -> anyhow::Result<Vec<App
             spate_leaderboard::APP_NAME => Ok(spate_leaderboard::module()),
             spate_ski::APP_NAME => Ok(spate_ski::module(options.ski)),
             spate_ledger::APP_NAME => Ok(spate_ledger::module()),
+            spate_payments::APP_NAME => options.payments.module(),
             spate_fraud::APP_NAME => {
                 let key = spate_fraud::cipher::load_or_create_key(&options.fraud_key_file)
                     .with_context(|| {
@@ -161,6 +218,12 @@ impl ServeArgs {
                 fraud_stream_listen,
                 fraud_key_file,
                 fraud_entries_per_card,
+                kek_file,
+                payments_merchants,
+                payments_tax_rates,
+                payments_settlement_dir,
+                payments_settle_every_secs,
+                payments_feed_events,
                 ski_resorts,
                 ski_seasons,
                 ski_skiers,
@@ -193,6 +256,19 @@ impl ServeArgs {
                 .unwrap_or_else(|| data_dir.join("fraud.key")),
             fraud_entries_per_card: entries_per_card,
             ski,
+            payments: PaymentsOptions {
+                data_dir: data_dir.clone(),
+                kek_file: self.kek_file,
+                merchants: self.payments_merchants,
+                tax_rates: self.payments_tax_rates,
+                settlement_dir: self
+                    .payments_settlement_dir
+                    .unwrap_or_else(|| data_dir.join("settlements")),
+                settle_every_secs: self.payments_settle_every_secs.unwrap_or(0),
+                feed_events: self
+                    .payments_feed_events
+                    .unwrap_or(spate_payments::model::FEED_EVENTS_PER_PARTITION_DEFAULT),
+            },
         };
         let mut engine = EngineConfig::new(data_dir);
         if let Some(partitions) = self.partitions {

@@ -7,6 +7,7 @@ mod bench_ski;
 mod config;
 mod fraud_cli;
 mod load_cli;
+mod payments_cli;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -25,10 +26,13 @@ struct Cli {
 #[derive(Subcommand)]
 enum Commands {
     /// Run the server: the engine with the enabled apps behind HTTP.
-    Serve(config::ServeArgs),
+    Serve(Box<config::ServeArgs>),
     /// The fraud app's tools: generator, offline scoring, stream producers.
     #[command(subcommand)]
     Fraud(fraud_cli::FraudCommand),
+    /// The payments app's tools: settlement, key rotation, settlement file checks.
+    #[command(subcommand)]
+    Payments(payments_cli::PaymentsCommand),
     /// Drive a running server with a scenario and report throughput, latency and errors.
     Load(load_cli::LoadArgs),
     /// Benchmarks that start their own server and write a report.
@@ -57,6 +61,7 @@ fn main() -> anyhow::Result<()> {
                 .map_err(anyhow::Error::msg)
         }
         Commands::Fraud(command) => fraud_cli::run(command),
+        Commands::Payments(command) => payments_cli::run(command),
         Commands::Bench(command) => bench::run(command),
         Commands::Load(args) => load_cli::run(args),
     }

@@ -41,6 +41,8 @@ impl Server {
         }
         command
             .args(extra)
+            // The payments key-encrypting key: beside the data directory (never inside it), never in HOME.
+            .env("SPATE_KEK_FILE", data_dir.with_extension("kek"))
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -104,6 +106,12 @@ impl Server {
             "32768",
         ];
         Self::start(data_dir, &small, None)
+    }
+
+    /// Sends `signal` (such as SIGHUP) to the server.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, signal) }, 0);
     }
 
     pub fn kill9(mut self) {

@@ -498,37 +498,28 @@ async fn get_transfer(State(ledger): Ctx, Path(id): Path<String>) -> Result<Resp
     Ok(json(StatusCode::OK, &body))
 }
 
-/// Tells every partition the time once per interval, so due transfers expire even without traffic.
-/// Only while the read model counts RESERVED transfers: an idle ledger writes nothing.
-fn spawn_ticks(engine: EngineHandle, model: Arc<RwLock<LedgerModel>>) {
-    tokio::spawn(async move {
-        let mut interval = tokio::time::interval(TICK_INTERVAL);
-        loop {
-            interval.tick().await;
-            let reserved = model
-                .read()
-                .expect("the ledger model lock is never poisoned")
-                .transfer_states
-                .get(TransferState::Reserved.name())
-                .copied()
-                .unwrap_or(0);
-            if reserved == 0 {
-                continue;
-            }
-            for partition in 0..engine.partition_count() {
-                // A full queue skips this tick; the next one expires the same transfers.
-                let _ = engine.enqueue(partition, APP_ID, None, encode(&Command::Tick));
-            }
-        }
-    });
-}
-
 pub(crate) fn routes(
     engine: EngineHandle,
     model: Arc<RwLock<LedgerModel>>,
     waiters: Waiters,
 ) -> Router {
-    spawn_ticks(engine.clone(), model.clone());
+    // Tells every partition the time, so due transfers expire without traffic; only while some are
+    // RESERVED.
+    let reserved_model = model.clone();
+    spate_server::api::spawn_ticks(
+        engine.clone(),
+        APP_ID,
+        TICK_INTERVAL,
+        encode(&Command::Tick),
+        move || {
+            reserved_model
+                .read()
+                .expect("the ledger model lock is never poisoned")
+                .transfer_states
+                .get(TransferState::Reserved.name())
+                .is_some_and(|&reserved| reserved > 0)
+        },
+    );
     let ledger = Arc::new(Ledger {
         engine,
         model,

@@ -1,0 +1,586 @@
+//! One partition's payments: the rules of authorization, capture, cancel, refund, expiry and settlement,
+//! applied by the partition's single thread. A payment lives on its card's partition (its id starts with
+//! the card token's route bytes), next to the card's fraud history, so an authorization is scored and
+//! recorded in one place without a lock or a cross-partition step.
+//!
+//! Invariants (asserted by `check`, exercised by the property test):
+//! - captured (pending + succeeded) + capturable <= amount, and capturable is 0 unless `authorized`;
+//! - refunded <= settled (succeeded captures);
+//! - after cancel, final capture, full capture or expiry, nothing more is capturable;
+//! - the spool holds exactly the pending captures that are in no batch.
+
+use crate::card::expired_at;
+use crate::command::{
+    Authorize, Capture, CaptureStatus, Command, Event, EventKind, Payment, PaymentId, Refund,
+    Refusal, Reply, Status, decode, encode,
+};
+use serde::{Deserialize, Serialize};
+use spate_engine::wire::{ReadLe, WriteLe};
+use spate_engine::{Effects, StateMachine};
+use spate_fraud::history::HistoryStore;
+use spate_fraud::record::{Digits, Txn};
+use spate_fraud::rules::RuleSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io;
+use std::sync::Arc;
+
+/// Largest snapshot section accepted when restoring.
+const SNAPSHOT_SECTION_BYTES_MAX: usize = u32::MAX as usize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct CaptureRef {
+    pub payment: PaymentId,
+    pub index: u16,
+}
+
+/// A settlement batch as this partition knows it: its captures in the order they were assigned.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batch {
+    pub captures: Vec<CaptureRef>,
+    /// How many of `captures` are confirmed; the batch is closed when all are.
+    pub confirmed: usize,
+}
+
+/// One detail record of a settlement file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Detail {
+    pub merchant: String,
+    pub currency: String,
+    pub payment: PaymentId,
+    pub capture_id: String,
+    pub amount: u64,
+    pub masked: String,
+}
+
+/// The part of the partition state kept in the snapshot besides the fraud history; the indexes are
+/// rebuilt from it.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ledger {
+    pub payments: HashMap<PaymentId, Payment>,
+    pub batches: BTreeMap<u64, Batch>,
+    pub next_capture_seq: u64,
+    pub authorizations: u64,
+}
+
+pub struct PaymentsState {
+    ledger: Ledger,
+    /// Authorized payments by `capture_before`.
+    deadlines: BTreeSet<(u64, PaymentId)>,
+    /// Pending captures in no batch yet, by sequence: the capture spool.
+    spool: BTreeMap<u64, CaptureRef>,
+    history: HistoryStore,
+    rules: Arc<dyn RuleSet>,
+    window: Vec<Txn>,
+}
+
+impl PaymentsState {
+    pub fn new(rules: Arc<dyn RuleSet>, entries_per_card_max: usize) -> Self {
+        Self {
+            ledger: Ledger::default(),
+            deadlines: BTreeSet::new(),
+            spool: BTreeMap::new(),
+            history: HistoryStore::new(entries_per_card_max),
+            rules,
+            window: Vec::new(),
+        }
+    }
+
+    fn with_ledger(ledger: Ledger, history: HistoryStore, rules: Arc<dyn RuleSet>) -> Self {
+        let mut state = Self {
+            ledger,
+            deadlines: BTreeSet::new(),
+            spool: BTreeMap::new(),
+            history,
+            rules,
+            window: Vec::new(),
+        };
+        for payment in state.ledger.payments.values() {
+            if payment.status == Status::Authorized {
+                state
+                    .deadlines
+                    .insert((payment.capture_before_ms, payment.id));
+            }
+            for (index, capture) in payment.captures.iter().enumerate() {
+                if capture.status == CaptureStatus::Pending && capture.batch.is_none() {
+                    state.spool.insert(
+                        capture.seq,
+                        CaptureRef {
+                            payment: payment.id,
+                            index: index as u16,
+                        },
+                    );
+                }
+            }
+        }
+        state
+    }
+
+    pub fn payment(&self, id: &PaymentId) -> Option<&Payment> {
+        self.ledger.payments.get(id)
+    }
+
+    pub fn spooled(&self) -> usize {
+        self.spool.len()
+    }
+
+    /// Batches with captures not yet confirmed.
+    pub fn open_batches(&self) -> Vec<u64> {
+        self.ledger
+            .batches
+            .iter()
+            .filter(|(_, b)| b.confirmed < b.captures.len())
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Up to `limit` detail records of `batch` from `offset`, in assignment order, and the batch's size.
+    pub fn batch_details(&self, batch: u64, offset: usize, limit: usize) -> (Vec<Detail>, usize) {
+        let Some(batch) = self.ledger.batches.get(&batch) else {
+            return (Vec::new(), 0);
+        };
+        let details = batch
+            .captures
+            .iter()
+            .skip(offset)
+            .take(limit)
+            .map(|r| {
+                let payment = &self.ledger.payments[&r.payment];
+                Detail {
+                    merchant: payment.merchant.clone(),
+                    currency: payment.currency.clone(),
+                    payment: payment.id,
+                    capture_id: payment.capture_id(usize::from(r.index)),
+                    amount: payment.captures[usize::from(r.index)].amount,
+                    masked: payment.card.masked.clone(),
+                }
+            })
+            .collect();
+        (details, batch.captures.len())
+    }
+
+    /// Applies one command at `now_ms`, emitting events through `emit`.
+    pub fn apply_command(
+        &mut self,
+        command: Command,
+        now_ms: u64,
+        emit: &mut dyn FnMut(Event),
+    ) -> Reply {
+        match command {
+            Command::Authorize(authorize) => self.authorize(*authorize, now_ms, emit),
+            Command::Capture {
+                payment,
+                amount,
+                final_capture,
+            } => self.capture(payment, amount, final_capture, now_ms, emit),
+            Command::Cancel { payment } => self.cancel(payment, now_ms, emit),
+            Command::Refund { payment, amount } => self.refund(payment, amount, now_ms, emit),
+            Command::Tick => Reply::Ticked {
+                expired: self.expire_due(now_ms, emit),
+            },
+            Command::SettleAssign {
+                batch,
+                suspended,
+                limit,
+            } => self.settle_assign(batch, &suspended, limit, emit),
+            Command::SettleConfirm { batch, limit } => self.settle_confirm(batch, limit, emit),
+        }
+    }
+
+    fn changed(&self, kind: EventKind, id: PaymentId, emit: &mut dyn FnMut(Event)) -> Reply {
+        let payment = Box::new(self.ledger.payments[&id].clone());
+        emit(Event::Changed {
+            kind,
+            payment: payment.clone(),
+        });
+        Reply::Payment(payment)
+    }
+
+    fn authorize(&mut self, a: Authorize, now_ms: u64, emit: &mut dyn FnMut(Event)) -> Reply {
+        if self.ledger.payments.contains_key(&a.payment) {
+            return Reply::Refused(Refusal::Exists);
+        }
+        self.ledger.authorizations += 1;
+        let txn = Txn {
+            card: a.card.history_card(),
+            timestamp: Digits::of(now_ms),
+            country: a.scoring.country,
+            response: 0,
+            amount: Digits::of(a.amount),
+            currency: a.currency_numeric,
+            merchant: a.scoring.mcc,
+            city: a.scoring.city,
+            code: Digits::of(self.ledger.authorizations % 10_000_000_000),
+        };
+        debug_assert!(txn.validate().is_ok(), "the edge bounds every field");
+        let fraud_rule = if a.scoring.enabled {
+            self.history
+                .score_and_store(&txn, &*self.rules, &mut self.window)
+        } else {
+            0
+        };
+        let decline_reason = if expired_at(a.card.exp_month, a.card.exp_year, now_ms) {
+            Some("expired_card".to_string())
+        } else if !a.cvc_matches {
+            Some("incorrect_cvc".to_string())
+        } else if fraud_rule != 0 && a.scoring.decline {
+            Some(format!("fraud_rule_{fraud_rule}"))
+        } else {
+            None
+        };
+        let authorized = decline_reason.is_none();
+        let payment = Payment {
+            id: a.payment,
+            created_ms: now_ms,
+            merchant: a.merchant,
+            amount: a.amount,
+            currency: a.currency,
+            card: a.card,
+            tax: a.tax,
+            status: if authorized {
+                Status::Authorized
+            } else {
+                Status::Declined
+            },
+            decline_reason,
+            fraud_rule,
+            capture_before_ms: if authorized {
+                now_ms.saturating_add(a.capture_window_ms)
+            } else {
+                now_ms
+            },
+            amount_capturable: if authorized { a.amount } else { 0 },
+            captures: Vec::new(),
+            refunds: Vec::new(),
+            metadata: a.metadata,
+        };
+        if authorized {
+            self.deadlines
+                .insert((payment.capture_before_ms, payment.id));
+        }
+        self.ledger.payments.insert(payment.id, payment);
+        let kind = if authorized {
+            EventKind::Authorized
+        } else {
+            EventKind::Declined
+        };
+        self.changed(kind, a.payment, emit)
+    }
+
+    /// Ends the authorization of `id` if its deadline has passed; true when it did.
+    fn expire_if_due(&mut self, id: PaymentId, now_ms: u64, emit: &mut dyn FnMut(Event)) -> bool {
+        let payment = self
+            .ledger
+            .payments
+            .get_mut(&id)
+            .expect("only known payments are expired");
+        if payment.status != Status::Authorized || now_ms < payment.capture_before_ms {
+            return false;
+        }
+        self.deadlines.remove(&(payment.capture_before_ms, id));
+        payment.amount_capturable = 0;
+        payment.status = if payment.amount_captured() > 0 {
+            Status::Captured
+        } else {
+            Status::Expired
+        };
+        self.changed(EventKind::Expired, id, emit);
+        true
+    }
+
+    fn expire_due(&mut self, now_ms: u64, emit: &mut dyn FnMut(Event)) -> u64 {
+        let due: Vec<PaymentId> = self
+            .deadlines
+            .range(..(now_ms.saturating_add(1), PaymentId([0; 20])))
+            .map(|(_, id)| *id)
+            .collect();
+        let mut expired = 0;
+        for id in due {
+            expired += u64::from(self.expire_if_due(id, now_ms, emit));
+        }
+        expired
+    }
+
+    /// The payment, expired first if its deadline passed, or why not.
+    fn live(
+        &mut self,
+        id: PaymentId,
+        now_ms: u64,
+        emit: &mut dyn FnMut(Event),
+    ) -> Result<(), Refusal> {
+        if !self.ledger.payments.contains_key(&id) {
+            return Err(Refusal::NotFound);
+        }
+        self.expire_if_due(id, now_ms, emit);
+        Ok(())
+    }
+
+    fn capture(
+        &mut self,
+        id: PaymentId,
+        amount: Option<u64>,
+        final_capture: bool,
+        now_ms: u64,
+        emit: &mut dyn FnMut(Event),
+    ) -> Reply {
+        if let Err(refusal) = self.live(id, now_ms, emit) {
+            return Reply::Refused(refusal);
+        }
+        let payment = self.ledger.payments.get_mut(&id).expect("checked by live");
+        if payment.status != Status::Authorized {
+            return Reply::Refused(Refusal::WrongStatus {
+                status: payment.status,
+                action: "captured".to_string(),
+            });
+        }
+        let capturable = payment.amount_capturable;
+        let amount = amount.unwrap_or(capturable);
+        if amount == 0 {
+            return Reply::Refused(Refusal::Malformed("amount must be at least 1".to_string()));
+        }
+        if amount > capturable {
+            return Reply::Refused(Refusal::ExceedsCapturable { capturable });
+        }
+        let seq = self.ledger.next_capture_seq;
+        self.ledger.next_capture_seq += 1;
+        payment.captures.push(Capture {
+            seq,
+            amount,
+            status: CaptureStatus::Pending,
+            batch: None,
+            created_ms: now_ms,
+        });
+        self.spool.insert(
+            seq,
+            CaptureRef {
+                payment: id,
+                index: (payment.captures.len() - 1) as u16,
+            },
+        );
+        payment.amount_capturable -= amount;
+        if final_capture || payment.amount_capturable == 0 {
+            payment.amount_capturable = 0;
+            payment.status = Status::Captured;
+            self.deadlines.remove(&(payment.capture_before_ms, id));
+        }
+        self.changed(EventKind::CaptureRequested, id, emit)
+    }
+
+    fn cancel(&mut self, id: PaymentId, now_ms: u64, emit: &mut dyn FnMut(Event)) -> Reply {
+        if let Err(refusal) = self.live(id, now_ms, emit) {
+            return Reply::Refused(refusal);
+        }
+        let payment = self.ledger.payments.get_mut(&id).expect("checked by live");
+        if !matches!(payment.status, Status::Authorized | Status::Captured) {
+            return Reply::Refused(Refusal::WrongStatus {
+                status: payment.status,
+                action: "canceled".to_string(),
+            });
+        }
+        if payment
+            .captures
+            .iter()
+            .any(|c| c.status == CaptureStatus::Succeeded)
+        {
+            return Reply::Refused(Refusal::AlreadySettled);
+        }
+        if payment
+            .captures
+            .iter()
+            .any(|c| c.status == CaptureStatus::Pending && c.batch.is_some())
+        {
+            return Reply::Refused(Refusal::SettlementInProgress);
+        }
+        for capture in &mut payment.captures {
+            if capture.status == CaptureStatus::Pending {
+                capture.status = CaptureStatus::Canceled;
+                self.spool.remove(&capture.seq);
+            }
+        }
+        self.deadlines.remove(&(payment.capture_before_ms, id));
+        payment.amount_capturable = 0;
+        payment.status = Status::Canceled;
+        self.changed(EventKind::Canceled, id, emit)
+    }
+
+    fn refund(
+        &mut self,
+        id: PaymentId,
+        amount: Option<u64>,
+        now_ms: u64,
+        emit: &mut dyn FnMut(Event),
+    ) -> Reply {
+        if let Err(refusal) = self.live(id, now_ms, emit) {
+            return Reply::Refused(refusal);
+        }
+        let payment = self.ledger.payments.get_mut(&id).expect("checked by live");
+        let refundable = payment.amount_refundable();
+        let amount = amount.unwrap_or(refundable);
+        if amount == 0 || amount > refundable {
+            return Reply::Refused(Refusal::ExceedsRefundable { refundable });
+        }
+        payment.refunds.push(Refund {
+            amount,
+            created_ms: now_ms,
+        });
+        self.changed(EventKind::Refunded, id, emit)
+    }
+
+    fn settle_assign(
+        &mut self,
+        batch_id: u64,
+        suspended: &[String],
+        limit: u32,
+        emit: &mut dyn FnMut(Event),
+    ) -> Reply {
+        let (mut assigned, mut failed) = (0, 0);
+        let mut taken = Vec::new();
+        for (seq, capture) in &self.spool {
+            if taken.len() == limit as usize {
+                break;
+            }
+            let payment = &self.ledger.payments[&capture.payment];
+            if payment.captures[usize::from(capture.index)].created_ms > batch_id {
+                break;
+            }
+            taken.push((*seq, *capture));
+        }
+        for (seq, capture) in &taken {
+            self.spool.remove(seq);
+            let payment = self
+                .ledger
+                .payments
+                .get_mut(&capture.payment)
+                .expect("the spool names known payments");
+            let entry = &mut payment.captures[usize::from(capture.index)];
+            entry.batch = Some(batch_id);
+            if suspended.contains(&payment.merchant) {
+                entry.status = CaptureStatus::Failed;
+                failed += 1;
+                emit(Event::CaptureSettled {
+                    payment: capture.payment,
+                    capture: capture.index,
+                    status: CaptureStatus::Failed,
+                    batch: batch_id,
+                });
+            } else {
+                assigned += 1;
+                self.ledger
+                    .batches
+                    .entry(batch_id)
+                    .or_insert_with(|| Batch {
+                        captures: Vec::new(),
+                        confirmed: 0,
+                    })
+                    .captures
+                    .push(*capture);
+            }
+        }
+        let more = self.spool.first_key_value().is_some_and(|(_, capture)| {
+            let payment = &self.ledger.payments[&capture.payment];
+            payment.captures[usize::from(capture.index)].created_ms <= batch_id
+        });
+        Reply::Assigned {
+            assigned,
+            failed,
+            more,
+        }
+    }
+
+    fn settle_confirm(&mut self, batch_id: u64, limit: u32, emit: &mut dyn FnMut(Event)) -> Reply {
+        let Some(batch) = self.ledger.batches.get_mut(&batch_id) else {
+            return Reply::Confirmed {
+                confirmed: 0,
+                more: false,
+            };
+        };
+        let end = (batch.confirmed + limit as usize).min(batch.captures.len());
+        for capture in &batch.captures[batch.confirmed..end] {
+            let payment = self
+                .ledger
+                .payments
+                .get_mut(&capture.payment)
+                .expect("batches name known payments");
+            let entry = &mut payment.captures[usize::from(capture.index)];
+            assert_eq!(
+                entry.status,
+                CaptureStatus::Pending,
+                "a capture settles once"
+            );
+            entry.status = CaptureStatus::Succeeded;
+            emit(Event::CaptureSettled {
+                payment: capture.payment,
+                capture: capture.index,
+                status: CaptureStatus::Succeeded,
+                batch: batch_id,
+            });
+        }
+        let confirmed = (end - batch.confirmed) as u64;
+        batch.confirmed = end;
+        Reply::Confirmed {
+            confirmed,
+            more: end < batch.captures.len(),
+        }
+    }
+
+    /// Checks every invariant of the module comment; for tests.
+    pub fn check(&self) {
+        let mut spooled = 0;
+        for payment in self.ledger.payments.values() {
+            let captured = payment.amount_captured();
+            assert!(
+                captured + payment.amount_capturable <= payment.amount,
+                "{}: captured {captured} + capturable {} > amount {}",
+                payment.id,
+                payment.amount_capturable,
+                payment.amount
+            );
+            if payment.status != Status::Authorized {
+                assert_eq!(payment.amount_capturable, 0, "{}", payment.id);
+            }
+            assert!(payment.amount_refunded() <= payment.amount_settled());
+            for capture in &payment.captures {
+                if capture.status == CaptureStatus::Pending && capture.batch.is_none() {
+                    spooled += 1;
+                    assert!(self.spool.contains_key(&capture.seq));
+                }
+            }
+        }
+        assert_eq!(spooled, self.spool.len());
+    }
+
+    pub fn restore(input: &mut dyn io::Read, rules: Arc<dyn RuleSet>) -> io::Result<Self> {
+        let bytes = input.read_bytes_le(SNAPSHOT_SECTION_BYTES_MAX)?;
+        let ledger: Ledger =
+            decode(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let history = HistoryStore::restore(input)?;
+        Ok(Self::with_ledger(ledger, history, rules))
+    }
+}
+
+impl StateMachine for PaymentsState {
+    fn apply(&mut self, command: &spate_engine::Command<'_>, effects: &mut Effects<'_>) {
+        let now_ms = command.envelope.timestamp_ms;
+        let reply = match decode::<Command>(command.payload) {
+            Ok(decoded) => {
+                let mut events = Vec::new();
+                let reply = self.apply_command(decoded, now_ms, &mut |event| events.push(event));
+                for event in &events {
+                    effects.emit(&encode(event));
+                }
+                reply
+            }
+            Err(error) => Reply::Refused(Refusal::Malformed(format!(
+                "undecodable payments command: {error}"
+            ))),
+        };
+        effects.reply().extend_from_slice(&encode(&reply));
+    }
+
+    fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
+        out.write_bytes_le(&encode(&self.ledger))?;
+        self.history.write_snapshot(out)
+    }
+}
+
+#[cfg(test)]
+mod tests;

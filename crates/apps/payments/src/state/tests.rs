@@ -1,0 +1,499 @@
+use super::*;
+use crate::command::{Scoring, StoredCard, Tax};
+use crate::keys::SealedCard;
+use proptest::prelude::*;
+use spate_fraud::rules::CaseStudyRules;
+
+const HOUR_MS: u64 = 3_600_000;
+/// 2026-11-22T00:00:00Z
+const START_MS: u64 = 1_795_305_600_000;
+
+fn state() -> PaymentsState {
+    PaymentsState::new(Arc::new(CaseStudyRules), 32)
+}
+
+fn id(n: u8) -> PaymentId {
+    PaymentId::new([n; 8], [n; 12])
+}
+
+fn authorize(n: u8, amount: u64) -> Command {
+    Command::Authorize(Box::new(Authorize {
+        payment: id(n),
+        merchant: format!("m{}", n % 3),
+        amount,
+        currency: "usd".to_string(),
+        currency_numeric: 840,
+        card: StoredCard {
+            token: [n; 16],
+            masked: "424242******4242".to_string(),
+            sealed: SealedCard {
+                key_id: 1,
+                bytes: vec![n; 40],
+            },
+            exp_month: 12,
+            exp_year: 2030,
+        },
+        cvc_matches: true,
+        tax: Tax {
+            category: "general".to_string(),
+            jurisdiction: "US-CA".to_string(),
+            rate_ppm: 72_500,
+            amount: 0,
+        },
+        capture_window_ms: 24 * HOUR_MS,
+        // Scoring off: these tests are about the payment rules; `fraud_rules_decline` covers scoring.
+        scoring: Scoring {
+            enabled: false,
+            decline: true,
+            mcc: 5311,
+            country: 840,
+            city: 94107,
+        },
+        metadata: Vec::new(),
+    }))
+}
+
+fn run(state: &mut PaymentsState, command: Command, now_ms: u64) -> Reply {
+    let reply = state.apply_command(command, now_ms, &mut |_| {});
+    state.check();
+    reply
+}
+
+fn payment(reply: Reply) -> Payment {
+    match reply {
+        Reply::Payment(p) => *p,
+        other => panic!("expected a payment, got {other:?}"),
+    }
+}
+
+#[test]
+fn partial_captures_then_final_capture_close_the_authorization() {
+    let mut s = state();
+    let t = START_MS;
+    assert_eq!(
+        payment(run(&mut s, authorize(1, 1000), t)).status,
+        Status::Authorized
+    );
+    let capture = |amount, final_capture| Command::Capture {
+        payment: id(1),
+        amount: Some(amount),
+        final_capture,
+    };
+    let p = payment(run(&mut s, capture(300, false), t + 1));
+    assert_eq!((p.amount_capturable, p.amount_captured()), (700, 300));
+    assert_eq!(
+        run(&mut s, capture(701, false), t + 2),
+        Reply::Refused(Refusal::ExceedsCapturable { capturable: 700 })
+    );
+    let p = payment(run(&mut s, capture(200, true), t + 3));
+    assert_eq!(
+        (p.status, p.amount_capturable, p.amount_captured()),
+        (Status::Captured, 0, 500)
+    );
+    assert!(matches!(
+        run(&mut s, capture(1, false), t + 4),
+        Reply::Refused(Refusal::WrongStatus {
+            status: Status::Captured,
+            ..
+        })
+    ));
+    assert_eq!(s.spooled(), 2);
+}
+
+#[test]
+fn refunds_need_settled_captures_and_never_exceed_them() {
+    let mut s = state();
+    let t = START_MS;
+    run(&mut s, authorize(1, 1000), t);
+    run(
+        &mut s,
+        Command::Capture {
+            payment: id(1),
+            amount: Some(600),
+            final_capture: true,
+        },
+        t,
+    );
+    let refund = |amount| Command::Refund {
+        payment: id(1),
+        amount: Some(amount),
+    };
+    assert_eq!(
+        run(&mut s, refund(1), t + 1),
+        Reply::Refused(Refusal::ExceedsRefundable { refundable: 0 })
+    );
+    let batch = t + 10;
+    let assign = Command::SettleAssign {
+        batch,
+        suspended: Vec::new(),
+        limit: 10,
+    };
+    assert_eq!(
+        run(&mut s, assign, batch),
+        Reply::Assigned {
+            assigned: 1,
+            failed: 0,
+            more: false
+        }
+    );
+    assert_eq!(s.open_batches(), vec![batch]);
+    assert_eq!(
+        run(&mut s, Command::Cancel { payment: id(1) }, batch),
+        Reply::Refused(Refusal::SettlementInProgress)
+    );
+    let (details, total) = s.batch_details(batch, 0, 10);
+    assert_eq!((details.len(), total, details[0].amount), (1, 1, 600));
+    run(&mut s, Command::SettleConfirm { batch, limit: 10 }, batch);
+    assert!(s.open_batches().is_empty());
+    assert_eq!(
+        payment(run(&mut s, refund(250), t + 20)).amount_refunded(),
+        250
+    );
+    assert_eq!(
+        run(&mut s, refund(351), t + 21),
+        Reply::Refused(Refusal::ExceedsRefundable { refundable: 350 })
+    );
+    assert_eq!(
+        payment(run(
+            &mut s,
+            Command::Refund {
+                payment: id(1),
+                amount: None
+            },
+            t + 22
+        ))
+        .amount_refunded(),
+        600
+    );
+    assert_eq!(
+        run(&mut s, Command::Cancel { payment: id(1) }, t + 23),
+        Reply::Refused(Refusal::AlreadySettled)
+    );
+}
+
+#[test]
+fn cancel_voids_unsettled_captures_and_expiry_ends_the_rest() {
+    let mut s = state();
+    let t = START_MS;
+    run(&mut s, authorize(1, 1000), t);
+    run(
+        &mut s,
+        Command::Capture {
+            payment: id(1),
+            amount: Some(100),
+            final_capture: false,
+        },
+        t,
+    );
+    let p = payment(run(&mut s, Command::Cancel { payment: id(1) }, t + 1));
+    assert_eq!(
+        (p.status, p.amount_captured(), s.spooled()),
+        (Status::Canceled, 0, 0)
+    );
+    assert_eq!(p.captures[0].status, CaptureStatus::Canceled);
+
+    run(&mut s, authorize(2, 500), t);
+    run(&mut s, authorize(3, 500), t);
+    run(
+        &mut s,
+        Command::Capture {
+            payment: id(3),
+            amount: Some(100),
+            final_capture: false,
+        },
+        t,
+    );
+    assert_eq!(
+        run(&mut s, Command::Tick, t + 24 * HOUR_MS - 1),
+        Reply::Ticked { expired: 0 }
+    );
+    assert_eq!(
+        run(&mut s, Command::Tick, t + 24 * HOUR_MS),
+        Reply::Ticked { expired: 2 }
+    );
+    assert_eq!(s.payment(&id(2)).unwrap().status, Status::Expired);
+    let partly = s.payment(&id(3)).unwrap();
+    assert_eq!(
+        (partly.status, partly.amount_capturable),
+        (Status::Captured, 0)
+    );
+}
+
+#[test]
+fn a_capture_after_the_deadline_expires_the_payment_even_without_a_tick() {
+    let mut s = state();
+    run(&mut s, authorize(1, 1000), START_MS);
+    let late = START_MS + 24 * HOUR_MS;
+    let mut events = Vec::new();
+    let reply = s.apply_command(
+        Command::Capture {
+            payment: id(1),
+            amount: None,
+            final_capture: true,
+        },
+        late,
+        &mut |e| events.push(e),
+    );
+    assert!(matches!(
+        reply,
+        Reply::Refused(Refusal::WrongStatus {
+            status: Status::Expired,
+            ..
+        })
+    ));
+    assert!(matches!(
+        &events[..],
+        [Event::Changed {
+            kind: EventKind::Expired,
+            ..
+        }]
+    ));
+}
+
+#[test]
+fn suspended_merchants_fail_settlement_and_batches_page() {
+    let mut s = state();
+    let t = START_MS;
+    for n in 0..6 {
+        run(&mut s, authorize(n, 100), t);
+        run(
+            &mut s,
+            Command::Capture {
+                payment: id(n),
+                amount: None,
+                final_capture: true,
+            },
+            t,
+        );
+    }
+    let batch = t + 1;
+    let assign = |limit| Command::SettleAssign {
+        batch,
+        suspended: vec!["m0".to_string()],
+        limit,
+    };
+    // merchants m0, m1, m2, m0, m1, m2 in capture order
+    assert_eq!(
+        run(&mut s, assign(4), batch),
+        Reply::Assigned {
+            assigned: 2,
+            failed: 2,
+            more: true
+        }
+    );
+    assert_eq!(
+        run(&mut s, assign(4), batch),
+        Reply::Assigned {
+            assigned: 2,
+            failed: 0,
+            more: false
+        }
+    );
+    assert_eq!(s.batch_details(batch, 1, 2).0.len(), 2);
+    assert_eq!(s.batch_details(batch, 0, 100).1, 4);
+    assert_eq!(
+        run(&mut s, Command::SettleConfirm { batch, limit: 3 }, batch),
+        Reply::Confirmed {
+            confirmed: 3,
+            more: true
+        }
+    );
+    assert_eq!(
+        run(&mut s, Command::SettleConfirm { batch, limit: 3 }, batch),
+        Reply::Confirmed {
+            confirmed: 1,
+            more: false
+        }
+    );
+    let failed = s.payment(&id(0)).unwrap();
+    assert_eq!(
+        (failed.captures[0].status, failed.amount_captured()),
+        (CaptureStatus::Failed, 0)
+    );
+    // A capture made after the batch's cutoff waits for the next batch.
+    run(&mut s, authorize(9, 100), batch + 5);
+    run(
+        &mut s,
+        Command::Capture {
+            payment: id(9),
+            amount: None,
+            final_capture: true,
+        },
+        batch + 5,
+    );
+    assert_eq!(
+        run(&mut s, assign(10), batch + 6),
+        Reply::Assigned {
+            assigned: 0,
+            failed: 0,
+            more: false
+        }
+    );
+    assert_eq!(s.spooled(), 1);
+}
+
+#[test]
+fn fraud_rules_decline_and_shadow_mode_only_records() {
+    let mut s = state();
+    let mut command = authorize(1, 1000);
+    let Command::Authorize(a) = &mut command else {
+        unreachable!()
+    };
+    a.scoring.enabled = true;
+    // Rule 1 of the case study fires on a response code; here the first history-free rule that can fire
+    // for a payment is found by scoring the same transaction through the rule engine directly.
+    let txn = Txn {
+        card: a.card.history_card(),
+        timestamp: Digits::of(START_MS),
+        country: a.scoring.country,
+        response: 0,
+        amount: Digits::of(a.amount),
+        currency: a.currency_numeric,
+        merchant: a.scoring.mcc,
+        city: a.scoring.city,
+        code: Digits::of(1),
+    };
+    let expected = CaseStudyRules.score(&txn, &[]);
+    let p = payment(run(&mut s, command.clone(), START_MS));
+    assert_eq!(p.fraud_rule, expected);
+    if expected != 0 {
+        assert_eq!(p.decline_reason, Some(format!("fraud_rule_{expected}")));
+    }
+    let Command::Authorize(a) = &mut command else {
+        unreachable!()
+    };
+    a.payment = id(2);
+    a.scoring.decline = false;
+    let shadow = payment(run(&mut s, command, START_MS));
+    assert_eq!(shadow.status, Status::Authorized);
+}
+
+#[test]
+fn expired_cards_and_wrong_cvcs_are_declined() {
+    let mut s = state();
+    let mut command = authorize(1, 1000);
+    let Command::Authorize(a) = &mut command else {
+        unreachable!()
+    };
+    a.card.exp_year = 2026;
+    a.card.exp_month = 10;
+    let p = payment(run(&mut s, command.clone(), START_MS));
+    assert_eq!(
+        (p.status, p.decline_reason.as_deref()),
+        (Status::Declined, Some("expired_card"))
+    );
+    let Command::Authorize(a) = &mut command else {
+        unreachable!()
+    };
+    a.payment = id(2);
+    a.card.exp_year = 2030;
+    a.cvc_matches = false;
+    let p = payment(run(&mut s, command, START_MS));
+    assert_eq!(p.decline_reason.as_deref(), Some("incorrect_cvc"));
+    assert_eq!(p.amount_capturable, 0);
+}
+
+#[test]
+fn snapshots_restore_the_same_state_and_indexes() {
+    let mut s = state();
+    run(&mut s, authorize(1, 1000), START_MS);
+    run(&mut s, authorize(2, 1000), START_MS);
+    run(
+        &mut s,
+        Command::Capture {
+            payment: id(1),
+            amount: Some(10),
+            final_capture: false,
+        },
+        START_MS,
+    );
+    let mut bytes = Vec::new();
+    s.write_snapshot(&mut bytes).unwrap();
+    bytes.extend_from_slice(b"next app");
+    let mut input = &bytes[..];
+    let restored = PaymentsState::restore(&mut input, Arc::new(CaseStudyRules)).unwrap();
+    assert_eq!(input, b"next app");
+    assert_eq!(restored.ledger, s.ledger);
+    assert_eq!(restored.deadlines, s.deadlines);
+    assert_eq!(restored.spool, s.spool);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Authorize(u8, u64),
+    Capture(u8, Option<u64>, bool),
+    Cancel(u8),
+    Refund(u8, Option<u64>),
+    Wait(u64),
+    Assign(u32),
+    Confirm(u32),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let n = 0..8u8;
+    prop_oneof![
+        (n.clone(), 1..2_000u64).prop_map(|(n, a)| Op::Authorize(n, a)),
+        (n.clone(), proptest::option::of(1..1_500u64), any::<bool>())
+            .prop_map(|(n, a, f)| Op::Capture(n, a, f)),
+        n.clone().prop_map(Op::Cancel),
+        (n, proptest::option::of(1..1_500u64)).prop_map(|(n, a)| Op::Refund(n, a)),
+        (0..12 * HOUR_MS).prop_map(Op::Wait),
+        (1..5u32).prop_map(Op::Assign),
+        (1..5u32).prop_map(Op::Confirm),
+    ]
+}
+
+proptest! {
+    /// Random interleavings keep every invariant (`check` runs after each step); nothing is captured
+    /// after cancel, final capture or expiry; and a snapshot restores the same state.
+    #[test]
+    fn invariants_hold_under_random_operations(ops in proptest::collection::vec(op(), 1..120)) {
+        let mut s = state();
+        let mut now = START_MS;
+        let mut batch = None;
+        let mut closed = HashMap::new();
+        for op in ops {
+            now += 1;
+            let command = match op {
+                Op::Authorize(n, amount) => authorize(n, amount),
+                Op::Capture(n, amount, final_capture) => Command::Capture { payment: id(n), amount, final_capture },
+                Op::Cancel(n) => Command::Cancel { payment: id(n) },
+                Op::Refund(n, amount) => Command::Refund { payment: id(n), amount },
+                Op::Wait(ms) => { now += ms; Command::Tick }
+                Op::Assign(limit) => {
+                    let id = *batch.get_or_insert(now);
+                    Command::SettleAssign { batch: id, suspended: vec!["m2".to_string()], limit }
+                }
+                Op::Confirm(limit) => match batch {
+                    Some(id) => Command::SettleConfirm { batch: id, limit },
+                    None => Command::Tick,
+                },
+            };
+            let was_capture = matches!(command, Command::Capture { .. });
+            let target = match &command {
+                Command::Capture { payment, .. } => Some(*payment),
+                _ => None,
+            };
+            let reply = run(&mut s, command, now);
+            if let Reply::Confirmed { more: false, .. } = reply {
+                batch = None;
+            }
+            if was_capture {
+                let id = target.expect("a capture names its payment");
+                if closed.get(&id).copied().unwrap_or(false) {
+                    prop_assert!(matches!(reply, Reply::Refused(_)), "captured after close: {reply:?}");
+                }
+            }
+            for (id, payment) in &s.ledger.payments {
+                let is_closed = payment.status != Status::Authorized;
+                prop_assert!(!closed.get(id).copied().unwrap_or(false) || is_closed, "{id} reopened");
+                closed.insert(*id, is_closed);
+            }
+        }
+        let mut bytes = Vec::new();
+        s.write_snapshot(&mut bytes).unwrap();
+        let restored = PaymentsState::restore(&mut &bytes[..], Arc::new(CaseStudyRules)).unwrap();
+        prop_assert_eq!(&restored.ledger, &s.ledger);
+        prop_assert_eq!(&restored.spool, &s.spool);
+    }
+}
