@@ -6,6 +6,7 @@
 //! - leaderboard: `bench_leaderboard.rs`.
 //! - ski: `bench_ski.rs`.
 //! - ledger: `bench_ledger.rs`.
+//! - payments: `bench_payments.rs`.
 //! - tally: `spate load tally adds` in closed loop, then in open loop at half the rate the closed loop
 //!   achieved, so the report shows latency at a sustainable offered load as well as at saturation.
 
@@ -18,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 /// Apps with a benchmark, in report order.
-const BENCHMARKS: &[&str] = &["fraud", "leaderboard", "ledger", "ski", "tally"];
+const BENCHMARKS: &[&str] = &["fraud", "leaderboard", "ledger", "payments", "ski", "tally"];
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -28,7 +29,9 @@ pub struct BenchArgs {
     pub ski: crate::bench_ski::SkiBench,
     #[command(flatten)]
     pub ledger: crate::bench_ledger::LedgerBench,
-    /// Apps to benchmark [default: all: fraud, leaderboard, ledger, ski, tally]
+    #[command(flatten)]
+    pub payments: crate::bench_payments::PaymentsBench,
+    /// Apps to benchmark [default: all: fraud, leaderboard, ledger, payments, ski, tally]
     #[arg(value_parser = clap::builder::PossibleValuesParser::new(BENCHMARKS))]
     apps: Vec<String>,
     #[command(flatten)]
@@ -93,6 +96,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "leaderboard" => crate::bench_leaderboard::run(&args)?,
             "ski" => crate::bench_ski::run(&args)?,
             "ledger" => crate::bench_ledger::run(&args)?,
+            "payments" => crate::bench_payments::run(&args)?,
             other => unreachable!("no benchmark for {other}"),
         };
         report += &section;
@@ -108,6 +112,8 @@ pub struct Spawned {
     child: Child,
     pub http: String,
     stream: String,
+    /// The payments key-encrypting key, beside the temporary data directory; removed with the server.
+    kek_file: PathBuf,
 }
 
 impl Spawned {
@@ -121,6 +127,7 @@ impl Drop for Spawned {
         // SIGTERM first so the server can stop cleanly; then make sure it is gone.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.kek_file);
     }
 }
 
@@ -129,11 +136,13 @@ pub fn start_server(
     app: &str,
     partitions: Option<u16>,
 ) -> anyhow::Result<Spawned> {
+    let kek_file = data_dir.with_extension("kek");
     let mut command = Command::new(std::env::current_exe()?);
     command
         .args(["serve", "--apps", app, "--listen", "127.0.0.1:0"])
         .args(["--fraud-stream-listen", "127.0.0.1:0", "--data-dir"])
         .arg(data_dir)
+        .env("SPATE_KEK_FILE", &kek_file)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
@@ -152,6 +161,7 @@ pub fn start_server(
                 child,
                 http: http.to_string(),
                 stream: stream.unwrap_or_default(),
+                kek_file,
             });
         }
     }

@@ -63,6 +63,23 @@ pub const SCENARIOS: &[(&str, &str, &str)] = &[
         "POST /transfers/batch: --batch prepares, then the next request fulfils the same --batch transfers",
     ),
     (
+        "payments",
+        "authorize",
+        "POST /v1/payments: authorizations with idempotency keys, cards drawn from --cards, merchants and \
+         tax lines in turn (a decline, 402, is an answer)",
+    ),
+    (
+        "payments",
+        "authorize-capture",
+        "as authorize, with capture_method automatic: each authorization also spools a capture",
+    ),
+    (
+        "payments",
+        "mix",
+        "70% authorizations, 20% one-cent captures and 10% one-cent refunds of --participants payments \
+         prepared first (authorized, half captured and settled)",
+    ),
+    (
         "fraud",
         "http",
         "POST /fraud/transactions, batches of --batch generated transactions",
@@ -188,7 +205,7 @@ impl Scenario for TallyAdds {
 }
 
 /// A 64-bit mix (splitmix64's finaliser): spreads keys reproducibly.
-fn mix64(mut n: u64) -> u64 {
+pub(crate) fn mix64(mut n: u64) -> u64 {
     n = (n ^ (n >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     n = (n ^ (n >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     n ^ (n >> 31)
@@ -637,6 +654,27 @@ fn scenario(args: &LoadArgs) -> anyhow::Result<Arc<dyn Scenario>> {
                     transfers,
                     batch: args.batch as u64,
                 })
+            }
+        }
+        ("payments", scenario @ ("authorize" | "authorize-capture" | "mix")) => {
+            let authorize = crate::load_payments::PaymentsAuthorize {
+                seed: args.seed,
+                cards: u64::from(args.cards.max(1)),
+                capture: scenario == "authorize-capture",
+                run: crate::fraud_cli::wall_ms(),
+            };
+            if scenario == "mix" {
+                let prepared = crate::load_payments::prepare_mix(
+                    &args.target,
+                    args.participants.max(1) as usize,
+                    authorize.run,
+                )?;
+                Arc::new(crate::load_payments::PaymentsMix {
+                    authorize,
+                    prepared,
+                })
+            } else {
+                Arc::new(authorize)
             }
         }
         ("redis", "zincrby") => Arc::new(RedisZincrby {

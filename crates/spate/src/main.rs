@@ -3,10 +3,12 @@
 mod bench;
 mod bench_leaderboard;
 mod bench_ledger;
+mod bench_payments;
 mod bench_ski;
 mod config;
 mod fraud_cli;
 mod load_cli;
+mod load_payments;
 mod payments_cli;
 
 use anyhow::Context;

@@ -190,6 +190,8 @@ pub struct Authorize {
     pub capture_window_ms: u64,
     pub scoring: Scoring,
     pub metadata: Vec<(String, String)>,
+    /// `capture_method: automatic`: capture the whole amount as part of the authorization.
+    pub capture_now: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -330,6 +330,18 @@ struct AuthorizeRequest {
     tax: TaxRequest,
     #[serde(default)]
     metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    capture_method: CaptureMethod,
+}
+
+#[derive(Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum CaptureMethod {
+    /// Authorize now, capture later with `POST /v1/payments/{id}/capture`.
+    #[default]
+    Manual,
+    /// Capture the whole amount with the authorization.
+    Automatic,
 }
 
 /// Resolves a request against the reference data into the command; the CVC does not go further.
@@ -418,6 +430,7 @@ fn authorize_command(
             city: merchant.city,
         },
         metadata: request.metadata.into_iter().collect(),
+        capture_now: request.capture_method == CaptureMethod::Automatic,
     })
 }
 

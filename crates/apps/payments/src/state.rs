@@ -263,7 +263,11 @@ impl PaymentsState {
         } else {
             EventKind::Declined
         };
-        self.changed(kind, a.payment, emit)
+        let reply = self.changed(kind, a.payment, emit);
+        if authorized && a.capture_now {
+            return self.capture(a.payment, None, true, now_ms, emit);
+        }
+        reply
     }
 
     /// Ends the authorization of `id` if its deadline has passed; true when it did.

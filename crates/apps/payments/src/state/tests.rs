@@ -50,6 +50,7 @@ fn authorize(n: u8, amount: u64) -> Command {
             city: 94107,
         },
         metadata: Vec::new(),
+        capture_now: false,
     }))
 }
 
@@ -98,6 +99,25 @@ fn partial_captures_then_final_capture_close_the_authorization() {
         })
     ));
     assert_eq!(s.spooled(), 2);
+}
+
+#[test]
+fn automatic_capture_spools_the_whole_amount_with_the_authorization() {
+    let mut s = state();
+    let mut command = authorize(1, 1000);
+    let Command::Authorize(a) = &mut command else {
+        unreachable!()
+    };
+    a.capture_now = true;
+    let mut events = Vec::new();
+    let reply = s.apply_command(command, START_MS, &mut |e| events.push(e));
+    s.check();
+    let p = payment(reply);
+    assert_eq!(
+        (p.status, p.amount_captured(), p.amount_capturable),
+        (Status::Captured, 1000, 0)
+    );
+    assert_eq!((events.len(), s.spooled()), (2, 1));
 }
 
 #[test]
