@@ -35,6 +35,8 @@ pub struct EngineConfig {
     /// Unacknowledged follow-ups per destination before a partition stops taking new client commands.
     pub follow_ups_in_flight_max: usize,
     pub projection_checkpoint_interval_records: u64,
+    /// Group commits queued for a projection; a projection further behind reads the journal instead.
+    pub projection_feed_batches_max: usize,
 }
 
 impl EngineConfig {
@@ -53,6 +55,7 @@ impl EngineConfig {
             idempotency_entries_max: 1_000_000,
             follow_ups_in_flight_max: 16_384,
             projection_checkpoint_interval_records: 1_000_000,
+            projection_feed_batches_max: 1024,
         }
     }
 }
@@ -167,6 +170,12 @@ impl Engine {
             .map(|_| Arc::new(PartitionShared::default()))
             .collect();
 
+        let partition_dir = |partition: PartitionId| {
+            config
+                .data_dir
+                .join("partitions")
+                .join(format!("p{partition:03}"))
+        };
         let mut projections = Vec::new();
         for spec in &mut apps {
             if let Some(projection) = spec.projection.take() {
@@ -178,7 +187,11 @@ impl Engine {
                     partition_count,
                     config.projection_checkpoint_interval_records,
                     metrics.projection_lag(spec.name),
+                    metrics.projection_journal_reads(spec.name),
                     shared.clone(),
+                    (0..partition_count)
+                        .map(|p| partition_dir(p).join("journal"))
+                        .collect(),
                 )?);
             }
         }
@@ -187,10 +200,7 @@ impl Engine {
             IdempotencyTable::new(config.idempotency_window_ms, config.idempotency_entries_max);
         let mut recovered: Vec<(Core, Box<dyn Log>, PathBuf)> = Vec::new();
         for partition in 0..partition_count {
-            let dir = config
-                .data_dir
-                .join("partitions")
-                .join(format!("p{partition:03}"));
+            let dir = partition_dir(partition);
             let (journal, report) =
                 FileJournal::open(&dir.join("journal"), config.journal.clone())?;
             if report.torn_tail_bytes > 0 {
@@ -229,15 +239,14 @@ impl Engine {
             follow_ups_in_flight_max: config.follow_ups_in_flight_max,
         };
 
-        // Feeds are bounded: a projection that falls this many group commits behind slows the writers.
-        const FEED_BATCHES_MAX: usize = 1024;
+        // Feeds are bounded: a projection that falls this many group commits behind reads the journal.
         let mut feeds = Vec::new();
         let mut projection_threads = Vec::new();
         let mut views = Vec::new();
         let mut floors_by_partition: Vec<Vec<Arc<AtomicU64>>> =
             vec![Vec::new(); usize::from(partition_count)];
         for projection in projections {
-            let (feed_tx, feed_rx) = bounded(FEED_BATCHES_MAX);
+            let (feed_tx, feed_rx) = bounded(config.projection_feed_batches_max.max(1));
             feeds.push((projection.app, feed_tx));
             views.push(ProjectionView {
                 app: projection.app,

@@ -40,6 +40,7 @@ pub(crate) struct EngineMetrics {
     queue_depth: Family<PartitionLabel, Gauge>,
     durable_lsn: Family<PartitionLabel, Gauge>,
     projection_lag_records: Family<AppLabel, Gauge>,
+    projection_journal_reads: Family<AppLabel, Counter>,
 }
 
 #[derive(Clone)]
@@ -68,6 +69,7 @@ impl EngineMetrics {
             queue_depth: Family::default(),
             durable_lsn: Family::default(),
             projection_lag_records: Family::default(),
+            projection_journal_reads: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("spate");
         r.register(
@@ -120,6 +122,11 @@ impl EngineMetrics {
             "Durable records not yet applied to the app's projection, over all partitions",
             metrics.projection_lag_records.clone(),
         );
+        r.register(
+            "projection_journal_reads",
+            "Times a projection read records from the journal because its feed was full",
+            metrics.projection_journal_reads.clone(),
+        );
         metrics
     }
 
@@ -138,6 +145,14 @@ impl EngineMetrics {
             queue_depth: self.queue_depth.get_or_create(&label).clone(),
             durable_lsn: self.durable_lsn.get_or_create(&label).clone(),
         }
+    }
+
+    pub fn projection_journal_reads(&self, app_name: &str) -> Counter {
+        self.projection_journal_reads
+            .get_or_create(&AppLabel {
+                app: app_name.to_string(),
+            })
+            .clone()
     }
 
     pub fn projection_lag(&self, app_name: &str) -> Gauge {

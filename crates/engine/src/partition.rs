@@ -83,13 +83,31 @@ enum ToWriter {
 }
 
 /// What other threads may read of a partition.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct PartitionShared {
     pub durable_lsn: AtomicU64,
-    /// Every durable batch below this LSN has been handed to the projections it concerns. A projection
-    /// that has drained its feed after reading this may move past other apps' records up to here.
+    /// Every durable batch below this LSN has been handed to the projections it concerns (or, when a
+    /// projection's feed was full, recorded in `feed_dropped_end`). A projection that has drained its
+    /// feed after reading this may move past other apps' records up to here.
     pub fed_lsn: AtomicU64,
+    /// Per app: every batch that app's projection did not get because its feed was full lies below this
+    /// LSN; the projection reads those records from the journal. Only grows.
+    pub feed_dropped_end: [AtomicU64; APPS_MAX],
     pub failed: AtomicBool,
+}
+
+/// App ids are below this.
+pub(crate) const APPS_MAX: usize = 64;
+
+impl Default for PartitionShared {
+    fn default() -> Self {
+        Self {
+            durable_lsn: AtomicU64::new(0),
+            fed_lsn: AtomicU64::new(0),
+            feed_dropped_end: std::array::from_fn(|_| AtomicU64::new(0)),
+            failed: AtomicBool::new(false),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -568,19 +586,24 @@ impl WriterThread {
         }
         if batch.record_count > 0 {
             let frames = Arc::new(batch.frames);
+            let end_lsn = batch.first_lsn + batch.record_count;
             for (app, feed) in &self.projections {
                 if batch.apps & app_bit(*app) != 0 {
-                    let _ = feed.send(Feed {
+                    let sent = feed.try_send(Feed {
                         partition: self.partition,
                         first_lsn: batch.first_lsn,
                         frames: frames.clone(),
                     });
+                    // A projection this far behind reads the batch from the journal: read models never
+                    // hold up acknowledgements.
+                    if let Err(TrySendError::Full(_)) = sent {
+                        self.shared.feed_dropped_end[usize::from(*app)]
+                            .fetch_max(end_lsn, Ordering::Release);
+                    }
                 }
             }
             // After the sends: a projection that reads this and then drains its feed has seen them.
-            self.shared
-                .fed_lsn
-                .store(batch.first_lsn + batch.record_count, Ordering::Release);
+            self.shared.fed_lsn.store(end_lsn, Ordering::Release);
         }
     }
 }

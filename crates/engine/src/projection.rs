@@ -3,15 +3,21 @@
 //! The projection's position per partition is the next LSN it has not applied. A checkpoint (snapshot of
 //! the read model plus those positions) is written every so often; the journal keeps every record a
 //! checkpoint does not cover, so on start-up the projection restores its checkpoint and replays the rest.
+//!
+//! The feed is bounded, and a writer never waits for it: when a projection is so far behind that its feed
+//! is full (a large checkpoint being written, a slow read model), the writer records the batch as dropped
+//! and the projection later reads it from the journal (`read_dropped`). Read models lag; acknowledgements
+//! do not.
 
 use crate::app::Projection;
-use crate::journal::{JournalError, Log, Lsn};
+use crate::journal::{JournalError, Log, Lsn, read_range};
 use crate::partition::{Feed, PartitionShared};
 use crate::record::{Frame, RecordRef, read_frame};
 use crate::snapshot;
 use crate::wire::{ReadLe, WriteLe};
 use crate::{AppId, PartitionId, StartError};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use std::io::Write;
 use std::path::PathBuf;
@@ -38,7 +44,10 @@ pub(crate) struct ProjectionRuntime {
     /// Other apps' records passed since the last checkpoint (see `checkpoint_due`).
     passed_since_checkpoint: u64,
     lag: Gauge,
+    journal_reads: Counter,
     partitions: Vec<Arc<PartitionShared>>,
+    /// Each partition's journal directory, for the batches the feed dropped.
+    journal_dirs: Vec<PathBuf>,
 }
 
 impl ProjectionRuntime {
@@ -51,7 +60,9 @@ impl ProjectionRuntime {
         partition_count: u16,
         checkpoint_interval_records: u64,
         lag: Gauge,
+        journal_reads: Counter,
         partitions: Vec<Arc<PartitionShared>>,
+        journal_dirs: Vec<PathBuf>,
     ) -> Result<Self, StartError> {
         let mut positions = vec![0; usize::from(partition_count)];
         let path = dir.join(file_name(name));
@@ -89,7 +100,9 @@ impl ProjectionRuntime {
             since_checkpoint: 0,
             passed_since_checkpoint: 0,
             lag,
+            journal_reads,
             partitions,
+            journal_dirs,
         })
     }
 
@@ -130,7 +143,36 @@ impl ProjectionRuntime {
         Ok(())
     }
 
+    /// Applies from the journal what the feed of `partition` dropped while this projection lagged, so
+    /// that nothing after it is applied before it.
+    fn read_dropped(&mut self, partition: PartitionId) {
+        let index = usize::from(partition);
+        let dropped_end =
+            self.partitions[index].feed_dropped_end[usize::from(self.app)].load(Ordering::Acquire);
+        let from = self.positions[index].load(Ordering::Relaxed);
+        if dropped_end <= from {
+            return;
+        }
+        self.journal_reads.inc();
+        let dir = self.journal_dirs[index].clone();
+        let read = read_range(&dir, from, dropped_end, &mut |lsn, kind, body| {
+            self.apply_record(partition, lsn, kind, body)
+                .map_err(|reason| JournalError::Corrupt {
+                    path: dir.clone(),
+                    offset: lsn,
+                    reason,
+                })
+        });
+        if let Err(error) = read {
+            panic!(
+                "projection {} cannot read records {from}..{dropped_end} of partition {partition}: {error}",
+                self.name
+            );
+        }
+    }
+
     fn apply_feed(&mut self, feed: &Feed) {
+        self.read_dropped(feed.partition);
         let mut offset = 0;
         let mut lsn = feed.first_lsn;
         while offset < feed.frames.len() {
@@ -192,6 +234,9 @@ impl ProjectionRuntime {
             .collect();
         while let Ok(feed) = feeds.try_recv() {
             self.apply_feed(&feed);
+        }
+        for partition in 0..self.partitions.len() {
+            self.read_dropped(partition as PartitionId);
         }
         for (position, fed) in self.positions.iter().zip(fed) {
             let at = position.load(Ordering::Relaxed);

@@ -53,6 +53,10 @@ pub struct ServeArgs {
     /// Records a projection applies between two checkpoints of its read model [default: 1000000]
     #[arg(long, env = "SPATE_PROJECTION_CHECKPOINT_INTERVAL_RECORDS")]
     projection_checkpoint_interval_records: Option<u64>,
+    /// Group commits queued for each projection; one further behind reads the journal instead
+    /// [default: 1024]
+    #[arg(long, env = "SPATE_PROJECTION_FEED_BATCHES")]
+    projection_feed_batches: Option<usize>,
     /// Requests waiting per partition before 503 [default: 16384]
     #[arg(long, env = "SPATE_QUEUE_CAPACITY")]
     queue_capacity: Option<usize>,
@@ -212,6 +216,7 @@ impl ServeArgs {
                 flush_interval_us,
                 snapshot_interval_records,
                 projection_checkpoint_interval_records,
+                projection_feed_batches,
                 queue_capacity,
                 idempotency_window_ms,
                 idempotency_entries_max,
@@ -292,6 +297,9 @@ impl ServeArgs {
         }
         if let Some(records) = self.projection_checkpoint_interval_records {
             engine.projection_checkpoint_interval_records = records.max(1);
+        }
+        if let Some(batches) = self.projection_feed_batches {
+            engine.projection_feed_batches_max = batches.max(1);
         }
         if let Some(capacity) = self.queue_capacity {
             engine.queue_capacity = capacity.max(1);

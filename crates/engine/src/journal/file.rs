@@ -13,6 +13,7 @@
 use super::{Durability, JournalError, Log, Lsn, Visit};
 use crate::record::{Frame, read_frame};
 use std::fs::{self, File, OpenOptions};
+use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -122,6 +123,104 @@ fn scan_frames(
     Ok((count, offset))
 }
 
+/// Bytes read at a time by [`read_range`].
+const READ_CHUNK_BYTES: u64 = 1 << 20;
+
+/// The segment files of the journal in `dir`, oldest first.
+fn list_segments(dir: &Path) -> Result<Vec<Segment>, JournalError> {
+    let mut segments = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_error(dir))? {
+        let path = entry.map_err(io_error(dir))?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(stem) = name.strip_suffix(SEGMENT_SUFFIX) else {
+            continue;
+        };
+        let first_lsn = stem.parse::<Lsn>().map_err(|_| JournalError::Corrupt {
+            path: path.clone(),
+            offset: 0,
+            reason: "segment file name is not an LSN".into(),
+        })?;
+        segments.push(Segment { first_lsn, path });
+    }
+    segments.sort_by_key(|s| s.first_lsn);
+    Ok(segments)
+}
+
+/// Calls `visit` with the records `from..until` of the journal in `dir`, while its writer may be
+/// appending: for a projection reading durable records its feed did not bring. Records below `until` must
+/// be durable (so whole on disk), and the segments holding them kept (the projection's checkpoint floor).
+pub(crate) fn read_range(
+    dir: &Path,
+    from: Lsn,
+    until: Lsn,
+    visit: &mut Visit<'_>,
+) -> Result<(), JournalError> {
+    let segments = list_segments(dir)?;
+    let mut lsn = from;
+    for (index, segment) in segments.iter().enumerate() {
+        let end_lsn = segments
+            .get(index + 1)
+            .map_or(Lsn::MAX, |next| next.first_lsn);
+        if lsn >= until {
+            break;
+        }
+        if end_lsn <= lsn || segment.first_lsn > lsn {
+            continue;
+        }
+        let mut file = File::open(&segment.path).map_err(io_error(&segment.path))?;
+        let (mut bytes, mut offset) = (Vec::new(), 0);
+        let mut at = segment.first_lsn;
+        while at < until.min(end_lsn) {
+            match read_frame(&bytes[offset..]) {
+                Frame::Valid {
+                    kind,
+                    body,
+                    total_bytes,
+                } => {
+                    if at >= lsn {
+                        visit(at, kind, body)?;
+                    }
+                    offset += total_bytes;
+                    at += 1;
+                }
+                Frame::Incomplete => {
+                    // Read on only as far as the records asked for: the segment may be 64 MiB of mostly
+                    // unused space.
+                    bytes.drain(..offset);
+                    offset = 0;
+                    let read = (&mut file)
+                        .take(READ_CHUNK_BYTES)
+                        .read_to_end(&mut bytes)
+                        .map_err(io_error(&segment.path))?;
+                    if read == 0 {
+                        return Err(JournalError::Gap(format!(
+                            "{} ends at record {at}, below the durable LSN {until}",
+                            segment.path.display()
+                        )));
+                    }
+                }
+                Frame::Corrupt => {
+                    return Err(JournalError::Corrupt {
+                        path: segment.path.clone(),
+                        offset: offset as u64,
+                        reason: format!("record {at} below the durable LSN {until} is damaged"),
+                    });
+                }
+            }
+        }
+        lsn = at;
+    }
+    if lsn < until {
+        return Err(JournalError::Gap(format!(
+            "{} holds no records {lsn}..{until}",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
 /// True if a valid frame starts anywhere after `from`: then a bad frame at `from` is damage in the middle of
 /// the log, not a torn tail.
 fn valid_frame_after(bytes: &[u8], from: usize) -> Option<usize> {
@@ -145,23 +244,7 @@ impl FileJournal {
     /// Opens (or creates) the journal in `dir`, truncating a torn tail of the newest segment.
     pub fn open(dir: &Path, config: JournalConfig) -> Result<(Self, RecoveryReport), JournalError> {
         fs::create_dir_all(dir).map_err(io_error(dir))?;
-        let mut segments = Vec::new();
-        for entry in fs::read_dir(dir).map_err(io_error(dir))? {
-            let path = entry.map_err(io_error(dir))?.path();
-            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-                continue;
-            };
-            let Some(stem) = name.strip_suffix(SEGMENT_SUFFIX) else {
-                continue;
-            };
-            let first_lsn = stem.parse::<Lsn>().map_err(|_| JournalError::Corrupt {
-                path: path.clone(),
-                offset: 0,
-                reason: "segment file name is not an LSN".into(),
-            })?;
-            segments.push(Segment { first_lsn, path });
-        }
-        segments.sort_by_key(|s| s.first_lsn);
+        let mut segments = list_segments(dir)?;
         let mut report = RecoveryReport {
             segments: segments.len(),
             torn_tail_bytes: 0,

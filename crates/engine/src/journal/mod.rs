@@ -6,8 +6,8 @@
 
 mod file;
 
-pub(crate) use file::sync_dir;
 pub use file::{FileJournal, JournalConfig, RecoveryReport};
+pub(crate) use file::{read_range, sync_dir};
 
 use std::path::PathBuf;
 use thiserror::Error;
