@@ -13,6 +13,9 @@ pub enum PaymentsCommand {
         /// The server [default: http://127.0.0.1:8080]
         #[arg(long, default_value = "http://127.0.0.1:8080")]
         url: String,
+        /// Instead, write the files of this batch (`stl_...`) again, byte for byte
+        #[arg(long)]
+        regenerate: Option<String>,
     },
     /// Re-wrap the data directory's keys under a new key-encrypting key and start a new data key for
     /// new cards. Stop the server first; start it again with the new key.
@@ -51,8 +54,12 @@ fn existing_kek(path: &Path, data_dir: &Path) -> anyhow::Result<Kek> {
 
 pub fn run(command: PaymentsCommand) -> anyhow::Result<()> {
     match command {
-        PaymentsCommand::Settle { url } => {
-            let address = format!("{}/admin/settlements", url.trim_end_matches('/'));
+        PaymentsCommand::Settle { url, regenerate } => {
+            let base = url.trim_end_matches('/');
+            let address = match regenerate {
+                Some(batch) => format!("{base}/admin/settlements/{batch}/files"),
+                None => format!("{base}/admin/settlements"),
+            };
             let mut response = ureq::post(&address)
                 .config()
                 .http_status_as_error(false)

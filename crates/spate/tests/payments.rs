@@ -429,6 +429,36 @@ fn the_api_and_every_error() {
         String::from_utf8_lossy(&verify.stdout)
     );
     assert!(String::from_utf8_lossy(&verify.stdout).contains("2 records, total 575"));
+    // A batch's files are written again byte for byte, by the CLI as by the API.
+    let original = std::fs::read(&file).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    let batch_id = batch["batch"].as_str().unwrap();
+    let regenerate = std::process::Command::new(env!("CARGO_BIN_EXE_spate"))
+        .args([
+            "payments",
+            "settle",
+            "--url",
+            base,
+            "--regenerate",
+            batch_id,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        regenerate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&regenerate.stdout)
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), original);
+    let (status, _) = post_raw(
+        &agent,
+        &format!("{base}/admin/settlements/stl_1/files"),
+        None,
+        None,
+        b"",
+    )
+    .unwrap();
+    assert_eq!(status, 404);
     let mut tampered = std::fs::read(&file).unwrap();
     let at = tampered.windows(4).position(|w| w == b"|500").unwrap();
     tampered[at + 1] = b'9';

@@ -76,6 +76,7 @@ pub fn routes(payments: Arc<Payments>) -> Router {
         .route("/admin/reload", post(reload))
         .route("/admin/reference", get(reference_summary))
         .route("/admin/settlements", post(settle))
+        .route("/admin/settlements/{batch}/files", post(regenerate))
         .with_state(payments)
 }
 
@@ -745,6 +746,33 @@ async fn settle(State(payments): Shared) -> Result<Response, ApiError> {
         )
     })?;
     Ok(json_response(StatusCode::OK, &report))
+}
+
+/// Writes a batch's files again from the journaled batch: the same bytes as the first time.
+async fn regenerate(
+    State(payments): Shared,
+    Path(batch): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = batch
+        .strip_prefix("stl_")
+        .and_then(|ms| ms.parse::<u64>().ok())
+        .ok_or_else(|| {
+            ApiError::not_found(format!("{batch:?} is not a batch id (stl_ and epoch ms)"))
+        })?;
+    let files = payments
+        .settler
+        .write_files(id)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "settlement_failed", e))?;
+    if files.is_empty() {
+        return Err(ApiError::not_found(format!(
+            "no batch {batch} with captures"
+        )));
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"batch": batch, "files": files}),
+    ))
 }
 
 #[cfg(test)]
