@@ -50,7 +50,8 @@ pub struct FeedEntry {
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Saved {
-    payments: HashMap<PaymentId, Payment>,
+    /// Boxed, as in the partition state: growing the table moves pointers, not payments.
+    payments: HashMap<PaymentId, Box<Payment>>,
     feeds: Vec<VecDeque<FeedEntry>>,
     /// Per partition, the newest position dropped from the feed.
     dropped: Vec<Option<FeedPosition>>,
@@ -106,7 +107,7 @@ impl PaymentsModel {
     }
 
     pub fn payment(&self, id: &PaymentId) -> Option<&Payment> {
-        self.saved.payments.get(id)
+        self.saved.payments.get(id).map(Box::as_ref)
     }
 
     pub fn len(&self) -> usize {
@@ -122,14 +123,19 @@ impl PaymentsModel {
         self.statuses.get(&status).copied().unwrap_or(0)
     }
 
-    fn index(&mut self, payment: &Payment) {
-        *self.statuses.entry(payment.status).or_default() += 1;
-        let key = (payment.created_ms, payment.id);
+    /// Adds a new payment to the indexes (the fields they need, so no payment is copied for them).
+    fn index(&mut self, key: (u64, PaymentId), merchant: &str, status: Status) {
+        *self.statuses.entry(status).or_default() += 1;
         self.by_created.insert(key);
-        self.by_merchant
-            .entry(payment.merchant.clone())
-            .or_default()
-            .insert(key);
+        match self.by_merchant.get_mut(merchant) {
+            Some(index) => {
+                index.insert(key);
+            }
+            None => {
+                self.by_merchant
+                    .insert(merchant.to_string(), BTreeSet::from([key]));
+            }
+        }
     }
 
     fn apply(&mut self, partition: PartitionId, lsn: Lsn, timestamp_ms: u64, event: Event) {
@@ -148,17 +154,15 @@ impl PaymentsModel {
         saved.last[p] = Some(position);
         let (kind, payment, capture) = match event {
             Event::Changed { kind, payment } => {
-                let id = payment.id;
-                let status = payment.status;
-                match saved.payments.insert(id, *payment) {
+                let (id, status) = (payment.id, payment.status);
+                let key = (payment.created_ms, id);
+                let merchant = payment.merchant.clone();
+                match saved.payments.insert(id, payment) {
                     Some(old) => {
                         *self.statuses.entry(old.status).or_default() -= 1;
                         *self.statuses.entry(status).or_default() += 1;
                     }
-                    None => {
-                        let payment = saved.payments[&id].clone();
-                        self.index(&payment);
-                    }
+                    None => self.index(key, &merchant, status),
                 }
                 (FeedKind::Payment(kind), id, None)
             }
@@ -209,7 +213,7 @@ impl PaymentsModel {
             .range(..upper.unwrap_or((u64::MAX, PaymentId([0xff; 20]))))
             .rev()
             .take_while(|(created, _)| *created >= from)
-            .map(|(_, id)| &self.saved.payments[id])
+            .map(|(_, id)| self.saved.payments[id].as_ref())
             .filter(|p| filter.status.is_none_or(|s| p.status == s));
         let payments: Vec<&Payment> = matching.by_ref().take(filter.limit).collect();
         let has_more = matching.next().is_some();
@@ -300,10 +304,14 @@ impl Projection for PaymentsProjection {
             decode(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let mut model = self.write_model();
         let mut restored = PaymentsModel::new(model.feed_per_partition_max);
-        let payments: Vec<Payment> = saved.payments.values().cloned().collect();
+        let keys: Vec<_> = saved
+            .payments
+            .values()
+            .map(|p| ((p.created_ms, p.id), p.merchant.clone(), p.status))
+            .collect();
         restored.saved = saved;
-        for payment in &payments {
-            restored.index(payment);
+        for (key, merchant, status) in keys {
+            restored.index(key, &merchant, status);
         }
         *model = restored;
         Ok(())

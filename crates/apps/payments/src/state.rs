@@ -56,7 +56,9 @@ pub struct Detail {
 /// rebuilt from it.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ledger {
-    pub payments: HashMap<PaymentId, Payment>,
+    /// Boxed: a payment is a few hundred bytes, and a table of a million of them inline would move all
+    /// of them each time it grows, stalling the partition for seconds.
+    pub payments: HashMap<PaymentId, Box<Payment>>,
     pub batches: BTreeMap<u64, Batch>,
     pub next_capture_seq: u64,
     pub authorizations: u64,
@@ -116,7 +118,7 @@ impl PaymentsState {
     }
 
     pub fn payment(&self, id: &PaymentId) -> Option<&Payment> {
-        self.ledger.payments.get(id)
+        self.ledger.payments.get(id).map(Box::as_ref)
     }
 
     pub fn spooled(&self) -> usize {
@@ -187,7 +189,7 @@ impl PaymentsState {
     }
 
     fn changed(&self, kind: EventKind, id: PaymentId, emit: &mut dyn FnMut(Event)) -> Reply {
-        let payment = Box::new(self.ledger.payments[&id].clone());
+        let payment = self.ledger.payments[&id].clone();
         emit(Event::Changed {
             kind,
             payment: payment.clone(),
@@ -257,7 +259,7 @@ impl PaymentsState {
             self.deadlines
                 .insert((payment.capture_before_ms, payment.id));
         }
-        self.ledger.payments.insert(payment.id, payment);
+        self.ledger.payments.insert(payment.id, Box::new(payment));
         let kind = if authorized {
             EventKind::Authorized
         } else {
