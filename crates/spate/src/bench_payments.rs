@@ -20,6 +20,10 @@ pub struct PaymentsBench {
     /// payments: shares of the median peak offered in the open-loop runs
     #[arg(long, value_delimiter = ',', default_values_t = [0.5f64, 0.8])]
     payments_open_shares: Vec<f64>,
+    /// payments: connections of the open-loop runs. More connections cost the load generator's pacer
+    /// CPU on the server's two cores; fewer cap the rate at 80% of the peak (BENCHMARKS.md)
+    #[arg(long, default_value_t = 32)]
+    payments_open_connections: u32,
     /// payments: pending captures settled into files in the settlement run
     #[arg(long, default_value_t = 1_000_000)]
     payments_settle_captures: u64,
@@ -27,9 +31,8 @@ pub struct PaymentsBench {
 
 /// The seed's figure after its work: 500 transactions/s.
 const SEED_PER_S: f64 = 500.0;
-/// Connections of the open-loop run (the pacer costs the load generator CPU per connection, on the
-/// server's cores).
-const OPEN_LOOP_CONNECTIONS: u32 = 32;
+/// Connections of the mix run.
+const MIX_CONNECTIONS: u32 = 32;
 
 fn settle(base: &str) -> anyhow::Result<Value> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
@@ -75,7 +78,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
     let median = sorted[sorted.len() / 2];
     for (index, share) in settings.payments_open_shares.iter().enumerate() {
         let mut open = LoadArgs::new("payments", "authorize", &server.http);
-        open.connections = OPEN_LOOP_CONNECTIONS;
+        open.connections = settings.payments_open_connections;
         open.duration_s = args.duration_s;
         open.cards = 1_000_000;
         open.seed = 100 + index as u64;
@@ -95,7 +98,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
     }
 
     let mut mix = LoadArgs::new("payments", "mix", &server.http);
-    mix.connections = OPEN_LOOP_CONNECTIONS;
+    mix.connections = MIX_CONNECTIONS;
     mix.duration_s = args.duration_s;
     mix.cards = 1_000_000;
     mix.participants = 2_000;
@@ -149,11 +152,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
         "## payments: authorizations with fraud scoring, tax, card encryption and a durable journal\n\n\
          Each authorization is one `POST /v1/payments` with an Idempotency-Key, cards drawn from 1,000,000, \
          the built-in merchants and tax lines in turn; a decline (402) is an answer. Closed loop on {} \
-         connections, {} runs; open loop on {OPEN_LOOP_CONNECTIONS} connections.\n\n{}\n\
+         connections, {} runs; open loop on {} connections; the mix closed loop on {MIX_CONNECTIONS}.\n\n{}\n\
          - median: **{median:.0} authorizations/s**, {:.0}x the seed's {SEED_PER_S:.0}/s; server CPU {:.0} µs \
          per authorization (median of the runs)\n",
         settings.payments_connections,
         settings.payments_runs,
+        settings.payments_open_connections,
         load_table(&refs),
         median / SEED_PER_S,
         cpu_sorted[cpu_sorted.len() / 2],

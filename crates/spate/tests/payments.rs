@@ -932,3 +932,39 @@ fn kill_9_under_a_mix_loses_nothing_and_settles_each_capture_once() {
         succeeded.len()
     );
 }
+
+#[test]
+fn a_retry_while_the_first_request_is_in_flight_gets_409_then_the_stored_response() {
+    let dir = tempfile::tempdir().unwrap();
+    // Group commits at most every 400 ms: the first request waits that long for durability.
+    let server = start(dir.path(), &["--flush-interval-us", "400000"]);
+    let payments = format!("{}/v1/payments", server.base);
+    let body = authorization(CARDS[0], "123", 500, "acme_shop");
+    // A first commit, so the next one waits for the interval.
+    post_ok(
+        &agent(),
+        &payments,
+        "warm",
+        &authorization(CARDS[1], "123", 100, "acme_shop"),
+    );
+    let (first, retry) = std::thread::scope(|scope| {
+        let first = scope.spawn(|| post(&agent(), &payments, Some("slow"), &body).unwrap());
+        std::thread::sleep(Duration::from_millis(100));
+        let retry = post(&agent(), &payments, Some("slow"), &body).unwrap();
+        (first.join().unwrap(), retry)
+    });
+    // Normally the first is applied first; on a slow machine the two may swap roles.
+    let (applied, refused) = if first.0 == 200 {
+        (first, retry)
+    } else {
+        (retry, first)
+    };
+    assert_eq!(applied.0, 200, "{}", applied.1);
+    assert_eq!(
+        (refused.0, error_code(&refused.1)),
+        (409, "in_flight"),
+        "{}",
+        refused.1
+    );
+    assert_eq!(post_ok(&agent(), &payments, "slow", &body), applied.1);
+}
