@@ -39,26 +39,6 @@ fn authorization(card: &str, cvc: &str, amount: u64, merchant: &str) -> Value {
     })
 }
 
-/// A Visa-like test number for `n`, with its Luhn check digit: one card per payment keeps the fraud
-/// rules' velocity checks (rule 36) out of tests that are not about them.
-fn card_number(n: u64) -> String {
-    let body = format!("4{n:014}");
-    let sum: u32 = body
-        .bytes()
-        .rev()
-        .enumerate()
-        .map(|(i, b)| {
-            let d = u32::from(b - b'0');
-            if i % 2 == 0 {
-                if d * 2 > 9 { d * 2 - 9 } else { d * 2 }
-            } else {
-                d
-            }
-        })
-        .sum();
-    format!("{body}{}", (10 - sum % 10) % 10)
-}
-
 fn post_ok(agent: &ureq::Agent, url: &str, key: &str, body: &Value) -> Value {
     let (status, reply) = post(agent, url, Some(key), body).expect("answered");
     assert_eq!(status, 200, "POST {url}: {reply}");
@@ -760,7 +740,9 @@ fn kill_9_under_a_mix_loses_nothing_and_settles_each_capture_once() {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
-                let card = card_number(seed * 1_000_000 + client as u64 * 100_000 + n);
+                let card = spate_payments::card::test_number(
+                    seed * 1_000_000 + client as u64 * 100_000 + n,
+                );
                 let amount = 1000 + (seed + n) % 500;
                 let steps: Vec<(String, Value)> = vec![
                     (

@@ -62,22 +62,35 @@ impl CardNumber {
     }
 }
 
-fn luhn_valid(digits: &[u8]) -> bool {
-    let sum: u32 = digits
+/// The Luhn sum of `digits`, the last one counted as the check digit when `has_check_digit`.
+fn luhn_sum(digits: &[u8], has_check_digit: bool) -> u32 {
+    let doubled_position = usize::from(has_check_digit);
+    digits
         .iter()
         .rev()
         .enumerate()
         .map(|(position, digit)| {
             let d = u32::from(digit - b'0');
-            if position % 2 == 1 {
+            if position % 2 == doubled_position {
                 let doubled = d * 2;
                 if doubled > 9 { doubled - 9 } else { doubled }
             } else {
                 d
             }
         })
-        .sum();
-    sum.is_multiple_of(10)
+        .sum()
+}
+
+fn luhn_valid(digits: &[u8]) -> bool {
+    luhn_sum(digits, true).is_multiple_of(10)
+}
+
+/// A Luhn-valid 16-digit number for `index`, starting with 4: distinct cards for load generators and
+/// tests (one card per payment keeps the fraud rules' velocity checks out of runs not about them).
+pub fn test_number(index: u64) -> String {
+    let body = format!("4{:014}", index % 100_000_000_000_000);
+    let check = (10 - luhn_sum(body.as_bytes(), false) % 10) % 10;
+    format!("{body}{check}")
 }
 
 /// The authorization's verdict on the CVC, the only thing about it that goes further than the edge.
@@ -133,6 +146,21 @@ mod tests {
         assert_eq!(
             CardNumber::parse("42424242424242424242"),
             Err(CardError::NumberFormat)
+        );
+    }
+
+    #[test]
+    fn test_numbers_pass_the_luhn_check() {
+        for index in [0, 1, 42, 99_999_999_999_999, 90_000_000_000_123] {
+            let number = test_number(index);
+            assert!(CardNumber::parse(&number).is_ok(), "{number}");
+        }
+        assert_eq!(test_number(0), "4000000000000002");
+        let mut wrong = test_number(7).into_bytes();
+        wrong[15] = b'0' + (wrong[15] - b'0' + 1) % 10;
+        assert_eq!(
+            CardNumber::parse(std::str::from_utf8(&wrong).unwrap()),
+            Err(CardError::Luhn)
         );
     }
 
