@@ -918,8 +918,9 @@ fn kill_9_under_a_mix_loses_nothing_and_settles_each_capture_once() {
 #[test]
 fn a_retry_while_the_first_request_is_in_flight_gets_409_then_the_stored_response() {
     let dir = tempfile::tempdir().unwrap();
-    // Group commits at most every 400 ms: the first request waits that long for durability.
-    let server = start(dir.path(), &["--flush-interval-us", "400000"]);
+    // Group commits at most every 2 s: after the warm-up commit, the first request waits up to that long
+    // for durability, and the retry comes 100 ms after it.
+    let server = start(dir.path(), &["--flush-interval-us", "2000000"]);
     let payments = format!("{}/v1/payments", server.base);
     let body = authorization(CARDS[0], "123", 500, "acme_shop");
     // A first commit, so the next one waits for the interval.
