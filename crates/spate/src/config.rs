@@ -19,6 +19,15 @@ pub enum DurabilityArg {
     None,
 }
 
+#[derive(Debug, Clone, Copy, ValueEnum, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RetentionArg {
+    /// release what two snapshots and every projection checkpoint cover
+    Snapshots,
+    /// keep every record: read models can be rebuilt from the first event (`spate ledger rebuild`)
+    All,
+}
+
 #[derive(Debug, Default, Args, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServeArgs {
@@ -41,6 +50,9 @@ pub struct ServeArgs {
     /// When a command counts as durable [default: fsync]
     #[arg(long, env = "SPATE_DURABILITY")]
     durability: Option<DurabilityArg>,
+    /// Which journal records are kept [default: snapshots]
+    #[arg(long, env = "SPATE_JOURNAL_RETENTION")]
+    journal_retention: Option<RetentionArg>,
     /// Journal segment size in bytes [default: 67108864]
     #[arg(long, env = "SPATE_SEGMENT_BYTES")]
     segment_bytes: Option<u64>,
@@ -212,6 +224,7 @@ impl ServeArgs {
                 partitions,
                 apps,
                 durability,
+                journal_retention,
                 segment_bytes,
                 flush_interval_us,
                 snapshot_interval_records,
@@ -286,6 +299,7 @@ impl ServeArgs {
             DurabilityArg::Fsync => Durability::Fsync,
             DurabilityArg::None => Durability::None,
         };
+        engine.journal.keep_all = self.journal_retention == Some(RetentionArg::All);
         if let Some(bytes) = self.segment_bytes {
             engine.journal.segment_bytes = bytes;
         }

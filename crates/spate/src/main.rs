@@ -7,6 +7,7 @@ mod bench_payments;
 mod bench_ski;
 mod config;
 mod fraud_cli;
+mod ledger_cli;
 mod load_cli;
 mod load_payments;
 mod payments_cli;
@@ -32,6 +33,9 @@ enum Commands {
     /// The fraud app's tools: generator, offline scoring, stream producers.
     #[command(subcommand)]
     Fraud(fraud_cli::FraudCommand),
+    /// The ledger app's tools: rebuild the read model from the journal.
+    #[command(subcommand)]
+    Ledger(ledger_cli::LedgerCommand),
     /// The payments app's tools: settlement, key rotation, settlement file checks.
     #[command(subcommand)]
     Payments(payments_cli::PaymentsCommand),
@@ -64,6 +68,7 @@ fn main() -> anyhow::Result<()> {
         }
         Commands::Fraud(command) => fraud_cli::run(command),
         Commands::Payments(command) => payments_cli::run(command),
+        Commands::Ledger(command) => ledger_cli::run(command),
         Commands::Bench(command) => bench::run(command),
         Commands::Load(args) => load_cli::run(args),
     }

@@ -609,3 +609,98 @@ fn kill_9_under_load_keeps_every_acknowledged_transfer_in_its_state() {
         assert!(cents_of(&body["reserved"]) >= reserved, "{fsp}: {body}");
     }
 }
+
+/// The ledger's read model (`GET /participants`) once it has caught up, without the lag field.
+fn caught_up_read_model(agent: &ureq::Agent, base: &str) -> Value {
+    let mut model = Value::Null;
+    assert!(eventually(Duration::from_secs(10), || {
+        model = get(agent, &format!("{base}/participants")).1;
+        model["lagRecords"] == 0
+    }));
+    model.as_object_mut().unwrap().remove("lagRecords");
+    model
+}
+
+fn spate_ledger_rebuild(data_dir: &std::path::Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_spate"))
+        .args(["ledger", "rebuild", "--data-dir"])
+        .arg(data_dir)
+        .output()
+        .unwrap()
+}
+
+/// Commits, rejects and leaves reserved a few dozen transfers between three FSPs.
+fn some_transfers(agent: &ureq::Agent, base: &str) {
+    for name in ["dfsp1", "dfsp2", "dfsp3"] {
+        create(agent, base, name, "100000");
+    }
+    for n in 0..90u64 {
+        let (payer, payee) =
+            [("dfsp1", "dfsp2"), ("dfsp2", "dfsp3"), ("dfsp3", "dfsp1")][n as usize % 3];
+        let amount = format!("{}.{}", 1 + n % 7, 1 + n % 9);
+        let (status, body) = post(
+            agent,
+            &format!("{base}/transfers"),
+            &prepare_body(n, payer, payee, &amount, 600_000),
+        );
+        assert_eq!(status, 201, "{body}");
+        let url = format!("{base}/transfers/{}", transfer_id(n));
+        let (status, body) = match n % 3 {
+            0 => put_as(agent, &url, payee, &fulfil_body(n)),
+            1 => put_as(agent, &url, payee, &json!({"transferState": "ABORTED"})),
+            _ => continue,
+        };
+        assert_eq!(status, 200, "{body}");
+    }
+}
+
+#[test]
+fn the_read_model_is_rebuilt_from_every_event_only_when_the_journal_kept_them() {
+    let small = [
+        "--apps",
+        "ledger",
+        "--snapshot-interval-records",
+        "40",
+        "--projection-checkpoint-interval-records",
+        "40",
+        "--segment-bytes",
+        "16384",
+    ];
+    let agent = agent();
+    // Every record kept: the checkpoint goes, and the next start rebuilds the same read model.
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = small.to_vec();
+    args.extend(["--journal-retention", "all"]);
+    let server = Server::start(dir.path(), &args, None);
+    some_transfers(&agent, &server.base);
+    let before = caught_up_read_model(&agent, &server.base);
+    assert_eq!(before["transfers"]["RESERVED"], 30, "{before}");
+    assert!(server.terminate().success());
+    let checkpoint = dir.path().join("projections/ledger.snap");
+    assert!(checkpoint.exists());
+    let rebuilt = spate_ledger_rebuild(dir.path());
+    assert!(
+        rebuilt.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rebuilt.stderr)
+    );
+    assert!(!checkpoint.exists());
+    let server = Server::start(dir.path(), &args, None);
+    assert_eq!(caught_up_read_model(&agent, &server.base), before);
+    drop(server);
+
+    // The default retention released old segments: a rebuild would lose events, so it is refused.
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &small, None);
+    some_transfers(&agent, &server.base);
+    caught_up_read_model(&agent, &server.base);
+    assert!(server.terminate().success());
+    let refused = spate_ledger_rebuild(dir.path());
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("no longer holds every event"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert!(dir.path().join("projections/ledger.snap").exists());
+}

@@ -25,6 +25,9 @@ pub struct JournalConfig {
     pub durability: Durability,
     /// A segment is closed and a new one started once it holds at least this many bytes.
     pub segment_bytes: u64,
+    /// Keep every record forever (an event store whose read models can be rebuilt from the first event)
+    /// instead of releasing what snapshots and projection checkpoints cover.
+    pub keep_all: bool,
 }
 
 impl Default for JournalConfig {
@@ -32,6 +35,7 @@ impl Default for JournalConfig {
         Self {
             durability: Durability::Fsync,
             segment_bytes: 64 * 1024 * 1024,
+            keep_all: false,
         }
     }
 }
@@ -431,6 +435,9 @@ impl Log for FileJournal {
     }
 
     fn release_before(&mut self, lsn: Lsn) -> Result<(), JournalError> {
+        if self.config.keep_all {
+            return Ok(());
+        }
         let mut removed = false;
         // A segment can go when the next one starts at or below `lsn`; the newest segment always stays.
         while self.segments.len() > 1 && self.segments[1].first_lsn <= lsn {
@@ -490,6 +497,7 @@ mod tests {
         JournalConfig {
             durability: Durability::Fsync,
             segment_bytes: 200,
+            keep_all: false,
         }
     }
 
@@ -526,6 +534,51 @@ mod tests {
         assert!(
             journal.replay(0, &mut |_, _, _| Ok(())).is_err(),
             "released records cannot be replayed"
+        );
+    }
+
+    #[test]
+    fn a_journal_that_keeps_all_releases_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = JournalConfig {
+            keep_all: true,
+            ..small_segments()
+        };
+        let (mut journal, _) = FileJournal::open(dir.path(), config).unwrap();
+        for batch in 0..10 {
+            journal
+                .append(&frames(batch * 3..batch * 3 + 3), 3)
+                .unwrap();
+        }
+        journal.release_before(20).unwrap();
+        assert_eq!(journal.first_lsn(), 0);
+        assert_eq!(collect(&journal, 0), (0..30).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn read_range_reads_durable_records_of_any_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut journal, _) = FileJournal::open(dir.path(), small_segments()).unwrap();
+        for batch in 0..10 {
+            journal
+                .append(&frames(batch * 3..batch * 3 + 3), 3)
+                .unwrap();
+        }
+        let mut seen = Vec::new();
+        read_range(dir.path(), 7, 23, &mut |lsn, _, _| {
+            seen.push(lsn);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, (7..23).collect::<Vec<_>>());
+        assert!(
+            read_range(dir.path(), 25, 31, &mut |_, _, _| Ok(())).is_err(),
+            "31 is not written"
+        );
+        journal.release_before(20).unwrap();
+        assert!(
+            read_range(dir.path(), 0, 5, &mut |_, _, _| Ok(())).is_err(),
+            "0..5 were released"
         );
     }
 
