@@ -59,7 +59,8 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
             http_metrics,
             observe::record,
         ))
-        .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX));
+        .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX))
+        .layer(axum::middleware::from_fn(reject_oversized));
 
     let listener =
         listen(config.listen).map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
@@ -78,6 +79,29 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     stopped?;
     tracing::info!("shut down cleanly");
     Ok(())
+}
+
+/// Refuses a request whose `Content-Length` is over [`REQUEST_BYTES_MAX`] before reading its body, so the
+/// client gets its 413 at once instead of after sending megabytes (bodies without a length are still cut
+/// at the limit by `DefaultBodyLimit`).
+async fn reject_oversized(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    match declared {
+        Some(bytes) if bytes > REQUEST_BYTES_MAX as u64 => ApiError::new(
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("a request body of {bytes} bytes is over the limit of {REQUEST_BYTES_MAX}"),
+        )
+        .into_response(),
+        _ => next.run(request).await,
+    }
 }
 
 /// Connections the kernel queues before `accept`. Clients open their connections together (the ski

@@ -447,8 +447,7 @@ fn two_phases_rejects_expiry_and_every_error_code() {
         (400, json!("3100")),
         "{body}"
     );
-    let huge = vec![b' '; 5 << 20];
-    let (status, _) = support::post_raw(&support::agent(), &batch_url, None, None, &huge).unwrap();
+    let (status, _) = support::post_oversized(base, "/transfers/batch");
     assert_eq!(status, 413);
     assert_eq!(participant(&agent, base, "dfsp1"), before);
 

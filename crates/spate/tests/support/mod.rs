@@ -189,6 +189,34 @@ pub fn post_raw(
     Ok((status, value))
 }
 
+/// POSTs headers announcing a 5 MiB body to `path` of the server at `base` (`http://host:port`), sends
+/// no body, and returns the status and body of the answer: the server must refuse it from the header
+/// alone. (Sending the body races the server closing the connection after its 413.)
+pub fn post_oversized(base: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let address = base.strip_prefix("http://").expect("an http:// base");
+    let mut stream = std::net::TcpStream::connect(address).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n\
+         Idempotency-Key: oversized\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        5 << 20
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP answer: {answer:?}"));
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
 pub fn get(agent: &ureq::Agent, url: &str) -> (u16, Value) {
     let mut response = agent.get(url).call().expect("GET answered");
     let status = response.status().as_u16();
