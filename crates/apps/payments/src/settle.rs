@@ -120,7 +120,12 @@ impl Settler {
         let mut last_batch = self.last_batch.lock().await;
         let mut open = std::collections::BTreeSet::new();
         for partition in self.partitions() {
-            open.extend(self.query(partition, |s| s.open_batches()).await?);
+            let (open_here, last_here) = self
+                .query(partition, |s| (s.open_batches(), s.last_batch()))
+                .await?;
+            open.extend(open_here);
+            // After a restart (or a clock step back) the next id still follows every batch made so far.
+            *last_batch = (*last_batch).max(last_here);
         }
         let mut batches = Vec::new();
         for batch in open {
@@ -133,7 +138,6 @@ impl Settler {
                 failed: 0,
                 files,
             });
-            *last_batch = (*last_batch).max(batch);
         }
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

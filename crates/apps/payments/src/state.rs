@@ -125,6 +125,12 @@ impl PaymentsState {
         self.spool.len()
     }
 
+    /// The newest batch id this partition has seen (0 if none): a new batch must be newer, or it would
+    /// reopen a closed one.
+    pub fn last_batch(&self) -> u64 {
+        self.ledger.batches.keys().next_back().copied().unwrap_or(0)
+    }
+
     /// Batches with captures not yet confirmed.
     pub fn open_batches(&self) -> Vec<u64> {
         self.ledger

@@ -156,7 +156,7 @@ fn refunds_need_settled_captures_and_never_exceed_them() {
             more: false
         }
     );
-    assert_eq!(s.open_batches(), vec![batch]);
+    assert_eq!((s.open_batches(), s.last_batch()), (vec![batch], batch));
     assert_eq!(
         run(&mut s, Command::Cancel { payment: id(1) }, batch),
         Reply::Refused(Refusal::SettlementInProgress)
