@@ -45,9 +45,13 @@ fn post_ok(agent: &ureq::Agent, url: &str, key: &str, body: &Value) -> Value {
     reply
 }
 
+/// POSTs nothing to an admin endpoint (they take no body and no key).
+fn post_admin(agent: &ureq::Agent, base: &str, path: &str) -> (u16, Value) {
+    post_raw(agent, &format!("{base}{path}"), None, None, b"").expect("answered")
+}
+
 fn settle(agent: &ureq::Agent, base: &str) -> Value {
-    let (status, report) =
-        post_raw(agent, &format!("{base}/admin/settlements"), None, None, b"").unwrap();
+    let (status, report) = post_admin(agent, base, "/admin/settlements");
     assert_eq!(status, 200, "{report}");
     report
 }
@@ -583,14 +587,7 @@ fn key_rotation_and_reference_reload_without_restart() {
 
     // A new merchant via POST /admin/reload; a broken file is refused and the old data stays.
     std::fs::write(&merchants, format!("{original}\n[merchants.late_shop]\ncategory = \"retail\"\nmcc = 5999\ncountry = 840\ncity = 12345\n")).unwrap();
-    let (status, reference) = post_raw(
-        &agent,
-        &format!("{}/admin/reload", server.base),
-        None,
-        None,
-        b"",
-    )
-    .unwrap();
+    let (status, reference) = post_admin(&agent, &server.base, "/admin/reload");
     assert_eq!((status, reference["version"].as_u64()), (200, Some(2)));
     post_ok(
         &agent,
@@ -599,14 +596,7 @@ fn key_rotation_and_reference_reload_without_restart() {
         &authorization(CARDS[1], "123", 1000, "late_shop"),
     );
     std::fs::write(&merchants, "[features]\nfraud_scoring = maybe\n").unwrap();
-    let (status, reply) = post_raw(
-        &agent,
-        &format!("{}/admin/reload", server.base),
-        None,
-        None,
-        b"",
-    )
-    .unwrap();
+    let (status, reply) = post_admin(&agent, &server.base, "/admin/reload");
     assert_eq!((status, error_code(&reply)), (422, "reload_failed"));
     assert_eq!(
         get(&agent, &format!("{}/admin/reference", server.base)).1["version"],

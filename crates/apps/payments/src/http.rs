@@ -461,25 +461,44 @@ struct CaptureRequest {
     final_capture: Option<bool>,
 }
 
+/// Every POST on one payment: the key, the id, the body, then the command made from them.
+async fn on_payment<T: DeserializeOwned>(
+    payments: &Payments,
+    id: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+    command: impl FnOnce(PaymentId, T) -> Result<Command, ApiError>,
+) -> Result<Response, ApiError> {
+    let command_id = require_key(headers)?;
+    let id = parse_id(id)?;
+    let request: T = parse_body(body)?;
+    submit(payments, id, command_id, &command(id, request)?).await
+}
+
+fn optional_amount(amount: Option<u64>) -> Result<Option<u64>, ApiError> {
+    amount.map(|a| check_amount("amount", a)).transpose()
+}
+
 async fn capture(
     State(payments): Shared,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let command_id = require_key(&headers)?;
-    let id = parse_id(&id)?;
-    let request: CaptureRequest = parse_body(&body)?;
-    let amount = request
-        .amount
-        .map(|a| check_amount("amount", a))
-        .transpose()?;
-    let command = Command::Capture {
-        payment: id,
-        amount,
-        final_capture: request.final_capture.unwrap_or(true),
-    };
-    submit(&payments, id, command_id, &command).await
+    on_payment(
+        &payments,
+        &id,
+        &headers,
+        &body,
+        |payment, r: CaptureRequest| {
+            Ok(Command::Capture {
+                payment,
+                amount: optional_amount(r.amount)?,
+                final_capture: r.final_capture.unwrap_or(true),
+            })
+        },
+    )
+    .await
 }
 
 #[derive(Deserialize)]
@@ -492,10 +511,10 @@ async fn cancel(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let command_id = require_key(&headers)?;
-    let id = parse_id(&id)?;
-    let Empty {} = parse_body(&body)?;
-    submit(&payments, id, command_id, &Command::Cancel { payment: id }).await
+    on_payment(&payments, &id, &headers, &body, |payment, Empty {}| {
+        Ok(Command::Cancel { payment })
+    })
+    .await
 }
 
 #[derive(Deserialize)]
@@ -510,20 +529,16 @@ async fn refund(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let command_id = require_key(&headers)?;
-    let id = parse_id(&id)?;
-    let request: RefundRequest = parse_body(&body)?;
-    let amount = request
-        .amount
-        .map(|a| check_amount("amount", a))
-        .transpose()?;
-    submit(
+    on_payment(
         &payments,
-        id,
-        command_id,
-        &Command::Refund {
-            payment: id,
-            amount,
+        &id,
+        &headers,
+        &body,
+        |payment, r: RefundRequest| {
+            Ok(Command::Refund {
+                payment,
+                amount: optional_amount(r.amount)?,
+            })
         },
     )
     .await

@@ -493,6 +493,17 @@ mod tests {
         seen
     }
 
+    /// A journal in `dir` with records 0..30, appended in groups of 3.
+    fn thirty_records(dir: &Path, config: JournalConfig) -> FileJournal {
+        let (mut journal, _) = FileJournal::open(dir, config).unwrap();
+        for batch in 0..10 {
+            journal
+                .append(&frames(batch * 3..batch * 3 + 3), 3)
+                .unwrap();
+        }
+        journal
+    }
+
     fn small_segments() -> JournalConfig {
         JournalConfig {
             durability: Durability::Fsync,
@@ -504,12 +515,7 @@ mod tests {
     #[test]
     fn appends_roll_segments_and_replay_in_order() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut journal, _) = FileJournal::open(dir.path(), small_segments()).unwrap();
-        for batch in 0..10 {
-            journal
-                .append(&frames(batch * 3..batch * 3 + 3), 3)
-                .unwrap();
-        }
+        let journal = thirty_records(dir.path(), small_segments());
         assert!(journal.segments.len() > 3, "small segments should roll");
         assert_eq!(collect(&journal, 0), (0..30).collect::<Vec<_>>());
         assert_eq!(collect(&journal, 17), (17..30).collect::<Vec<_>>());
@@ -522,12 +528,7 @@ mod tests {
     #[test]
     fn release_before_keeps_every_record_at_or_after_the_lsn() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut journal, _) = FileJournal::open(dir.path(), small_segments()).unwrap();
-        for batch in 0..10 {
-            journal
-                .append(&frames(batch * 3..batch * 3 + 3), 3)
-                .unwrap();
-        }
+        let mut journal = thirty_records(dir.path(), small_segments());
         journal.release_before(20).unwrap();
         assert!(journal.first_lsn() > 0 && journal.first_lsn() <= 20);
         assert_eq!(collect(&journal, 20), (20..30).collect::<Vec<_>>());
@@ -544,12 +545,7 @@ mod tests {
             keep_all: true,
             ..small_segments()
         };
-        let (mut journal, _) = FileJournal::open(dir.path(), config).unwrap();
-        for batch in 0..10 {
-            journal
-                .append(&frames(batch * 3..batch * 3 + 3), 3)
-                .unwrap();
-        }
+        let mut journal = thirty_records(dir.path(), config);
         journal.release_before(20).unwrap();
         assert_eq!(journal.first_lsn(), 0);
         assert_eq!(collect(&journal, 0), (0..30).collect::<Vec<_>>());
@@ -558,12 +554,7 @@ mod tests {
     #[test]
     fn read_range_reads_durable_records_of_any_segment() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut journal, _) = FileJournal::open(dir.path(), small_segments()).unwrap();
-        for batch in 0..10 {
-            journal
-                .append(&frames(batch * 3..batch * 3 + 3), 3)
-                .unwrap();
-        }
+        let mut journal = thirty_records(dir.path(), small_segments());
         let mut seen = Vec::new();
         read_range(dir.path(), 7, 23, &mut |lsn, _, _| {
             seen.push(lsn);

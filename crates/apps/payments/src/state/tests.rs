@@ -54,6 +54,16 @@ fn authorize(n: u8, amount: u64) -> Command {
     }))
 }
 
+/// `authorize(n, amount)` with `change` made to it.
+fn authorize_with(n: u8, amount: u64, change: impl FnOnce(&mut Authorize)) -> Command {
+    let mut command = authorize(n, amount);
+    let Command::Authorize(a) = &mut command else {
+        unreachable!("authorize makes an Authorize")
+    };
+    change(a);
+    command
+}
+
 fn run(state: &mut PaymentsState, command: Command, now_ms: u64) -> Reply {
     let reply = state.apply_command(command, now_ms, &mut |_| {});
     state.check();
@@ -104,11 +114,7 @@ fn partial_captures_then_final_capture_close_the_authorization() {
 #[test]
 fn automatic_capture_spools_the_whole_amount_with_the_authorization() {
     let mut s = state();
-    let mut command = authorize(1, 1000);
-    let Command::Authorize(a) = &mut command else {
-        unreachable!()
-    };
-    a.capture_now = true;
+    let command = authorize_with(1, 1000, |a| a.capture_now = true);
     let mut events = Vec::new();
     let reply = s.apply_command(command, START_MS, &mut |e| events.push(e));
     s.check();
@@ -352,63 +358,56 @@ fn suspended_merchants_fail_settlement_and_batches_page() {
     assert_eq!(s.spooled(), 1);
 }
 
+/// Authorizes card `n` every 10 s with scoring on (each time a new payment) until a rule fires;
+/// returns that payment.
+fn until_a_rule_fires(s: &mut PaymentsState, n: u8, decline: bool) -> Payment {
+    for attempt in 0..50u8 {
+        let command = authorize_with(n, 1000, |a| {
+            a.payment = PaymentId::new([n; 8], [attempt; 12]);
+            a.scoring.enabled = true;
+            a.scoring.decline = decline;
+        });
+        let p = payment(run(s, command, START_MS + u64::from(attempt) * 10_000));
+        if p.fraud_rule != 0 {
+            return p;
+        }
+        assert_eq!(p.status, Status::Authorized);
+    }
+    panic!("50 authorizations of one card in 8 minutes fired no rule");
+}
+
 #[test]
 fn fraud_rules_decline_and_shadow_mode_only_records() {
     let mut s = state();
-    let mut command = authorize(1, 1000);
-    let Command::Authorize(a) = &mut command else {
-        unreachable!()
-    };
-    a.scoring.enabled = true;
-    // Rule 1 of the case study fires on a response code; here the first history-free rule that can fire
-    // for a payment is found by scoring the same transaction through the rule engine directly.
-    let txn = Txn {
-        card: a.card.history_card(),
-        timestamp: Digits::of(START_MS),
-        country: a.scoring.country,
-        response: 0,
-        amount: Digits::of(a.amount),
-        currency: a.currency_numeric,
-        merchant: a.scoring.mcc,
-        city: a.scoring.city,
-        code: Digits::of(1),
-    };
-    let expected = CaseStudyRules.score(&txn, &[]);
-    let p = payment(run(&mut s, command.clone(), START_MS));
-    assert_eq!(p.fraud_rule, expected);
-    if expected != 0 {
-        assert_eq!(p.decline_reason, Some(format!("fraud_rule_{expected}")));
-    }
-    let Command::Authorize(a) = &mut command else {
-        unreachable!()
-    };
-    a.payment = id(2);
-    a.scoring.decline = false;
-    let shadow = payment(run(&mut s, command, START_MS));
-    assert_eq!(shadow.status, Status::Authorized);
+    // The case study's velocity rules fire on many transactions of one card in a short time.
+    let declined = until_a_rule_fires(&mut s, 1, true);
+    assert_eq!(declined.status, Status::Declined);
+    assert_eq!(
+        declined.decline_reason,
+        Some(format!("fraud_rule_{}", declined.fraud_rule))
+    );
+    assert_eq!(declined.amount_capturable, 0);
+    let shadow = until_a_rule_fires(&mut s, 2, false);
+    assert_eq!(
+        (shadow.status, shadow.decline_reason, shadow.fraud_rule),
+        (Status::Authorized, None, declined.fraud_rule)
+    );
 }
 
 #[test]
 fn expired_cards_and_wrong_cvcs_are_declined() {
     let mut s = state();
-    let mut command = authorize(1, 1000);
-    let Command::Authorize(a) = &mut command else {
-        unreachable!()
-    };
-    a.card.exp_year = 2026;
-    a.card.exp_month = 10;
-    let p = payment(run(&mut s, command.clone(), START_MS));
+    let expired = authorize_with(1, 1000, |a| {
+        a.card.exp_year = 2026;
+        a.card.exp_month = 10;
+    });
+    let p = payment(run(&mut s, expired, START_MS));
     assert_eq!(
         (p.status, p.decline_reason.as_deref()),
         (Status::Declined, Some("expired_card"))
     );
-    let Command::Authorize(a) = &mut command else {
-        unreachable!()
-    };
-    a.payment = id(2);
-    a.card.exp_year = 2030;
-    a.cvc_matches = false;
-    let p = payment(run(&mut s, command, START_MS));
+    let wrong_cvc = authorize_with(2, 1000, |a| a.cvc_matches = false);
+    let p = payment(run(&mut s, wrong_cvc, START_MS));
     assert_eq!(p.decline_reason.as_deref(), Some("incorrect_cvc"));
     assert_eq!(p.amount_capturable, 0);
 }
