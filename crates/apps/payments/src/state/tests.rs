@@ -64,6 +64,14 @@ fn authorize_with(n: u8, amount: u64, change: impl FnOnce(&mut Authorize)) -> Co
     command
 }
 
+fn capture(n: u8, amount: Option<u64>, final_capture: bool) -> Command {
+    Command::Capture {
+        payment: id(n),
+        amount,
+        final_capture,
+    }
+}
+
 fn run(state: &mut PaymentsState, command: Command, now_ms: u64) -> Reply {
     let reply = state.apply_command(command, now_ms, &mut |_| {});
     state.check();
@@ -131,15 +139,7 @@ fn refunds_need_settled_captures_and_never_exceed_them() {
     let mut s = state();
     let t = START_MS;
     run(&mut s, authorize(1, 1000), t);
-    run(
-        &mut s,
-        Command::Capture {
-            payment: id(1),
-            amount: Some(600),
-            final_capture: true,
-        },
-        t,
-    );
+    run(&mut s, capture(1, Some(600), true), t);
     let refund = |amount| Command::Refund {
         payment: id(1),
         amount: Some(amount),
@@ -202,15 +202,7 @@ fn cancel_voids_unsettled_captures_and_expiry_ends_the_rest() {
     let mut s = state();
     let t = START_MS;
     run(&mut s, authorize(1, 1000), t);
-    run(
-        &mut s,
-        Command::Capture {
-            payment: id(1),
-            amount: Some(100),
-            final_capture: false,
-        },
-        t,
-    );
+    run(&mut s, capture(1, Some(100), false), t);
     let p = payment(run(&mut s, Command::Cancel { payment: id(1) }, t + 1));
     assert_eq!(
         (p.status, p.amount_captured(), s.spooled()),
@@ -220,15 +212,7 @@ fn cancel_voids_unsettled_captures_and_expiry_ends_the_rest() {
 
     run(&mut s, authorize(2, 500), t);
     run(&mut s, authorize(3, 500), t);
-    run(
-        &mut s,
-        Command::Capture {
-            payment: id(3),
-            amount: Some(100),
-            final_capture: false,
-        },
-        t,
-    );
+    run(&mut s, capture(3, Some(100), false), t);
     assert_eq!(
         run(&mut s, Command::Tick, t + 24 * HOUR_MS - 1),
         Reply::Ticked { expired: 0 }
@@ -251,15 +235,7 @@ fn a_capture_after_the_deadline_expires_the_payment_even_without_a_tick() {
     run(&mut s, authorize(1, 1000), START_MS);
     let late = START_MS + 24 * HOUR_MS;
     let mut events = Vec::new();
-    let reply = s.apply_command(
-        Command::Capture {
-            payment: id(1),
-            amount: None,
-            final_capture: true,
-        },
-        late,
-        &mut |e| events.push(e),
-    );
+    let reply = s.apply_command(capture(1, None, true), late, &mut |e| events.push(e));
     assert!(matches!(
         reply,
         Reply::Refused(Refusal::WrongStatus {
@@ -282,15 +258,7 @@ fn suspended_merchants_fail_settlement_and_batches_page() {
     let t = START_MS;
     for n in 0..6 {
         run(&mut s, authorize(n, 100), t);
-        run(
-            &mut s,
-            Command::Capture {
-                payment: id(n),
-                amount: None,
-                final_capture: true,
-            },
-            t,
-        );
+        run(&mut s, capture(n, None, true), t);
     }
     let batch = t + 1;
     let assign = |limit| Command::SettleAssign {
@@ -338,15 +306,7 @@ fn suspended_merchants_fail_settlement_and_batches_page() {
     );
     // A capture made after the batch's cutoff waits for the next batch.
     run(&mut s, authorize(9, 100), batch + 5);
-    run(
-        &mut s,
-        Command::Capture {
-            payment: id(9),
-            amount: None,
-            final_capture: true,
-        },
-        batch + 5,
-    );
+    run(&mut s, capture(9, None, true), batch + 5);
     assert_eq!(
         run(&mut s, assign(10), batch + 6),
         Reply::Assigned {
@@ -417,15 +377,7 @@ fn snapshots_restore_the_same_state_and_indexes() {
     let mut s = state();
     run(&mut s, authorize(1, 1000), START_MS);
     run(&mut s, authorize(2, 1000), START_MS);
-    run(
-        &mut s,
-        Command::Capture {
-            payment: id(1),
-            amount: Some(10),
-            final_capture: false,
-        },
-        START_MS,
-    );
+    run(&mut s, capture(1, Some(10), false), START_MS);
     let mut bytes = Vec::new();
     s.write_snapshot(&mut bytes).unwrap();
     bytes.extend_from_slice(b"next app");
