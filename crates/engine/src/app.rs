@@ -44,11 +44,17 @@ impl Effects<'_> {
         push_event(self.events, event);
     }
 
+    /// The partition that owns `key`: where [`Self::follow_up`] sends a command with that key. Apps that
+    /// send many follow-ups group them by it, one command per destination.
+    pub fn partition_of(&self, key: &[u8]) -> PartitionId {
+        crate::partition_of(key, self.partition_count)
+    }
+
     /// Sends a command of the same app to the partition that owns `key`. The engine applies it there
     /// exactly once, after this command is durable, even across crashes. It arrives as a command with
     /// [`crate::Origin::FollowUp`]; chains of follow-ups must end.
     pub fn follow_up(&mut self, key: &[u8], payload: Vec<u8>) {
-        let destination = crate::partition_of(key, self.partition_count);
+        let destination = self.partition_of(key);
         self.follow_ups.push(FollowUpRequest {
             destination,
             payload,

@@ -153,7 +153,8 @@ pub struct Participant {
     pub entries: Vec<Entry>,
 }
 
-/// Everything a partition can be asked to do. The last six only ever arrive as follow-ups.
+/// Everything a partition can be asked to do. The six after `Tick` only ever arrive as follow-ups.
+/// New variants go last: journals and snapshots hold these by their index.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
     CreateParticipant {
@@ -210,6 +211,10 @@ pub enum Command {
         payer: String,
         amount: Amount,
     },
+    /// Several commands applied in order, as if one by one, in one journal record: a client's batch
+    /// (for the transfers this partition owns) or the steps one command sent to this partition. A batch
+    /// never holds a batch.
+    Batch(Vec<Command>),
 }
 
 /// Where a follow-up goes: the partition that owns this key.
@@ -259,6 +264,8 @@ pub enum Reply {
     Refused(Refusal),
     /// A follow-up or a tick: nobody waits for it.
     Done,
+    /// One reply per command of a batch, in order.
+    Batch(Vec<Reply>),
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -266,6 +273,34 @@ pub struct Output {
     pub reply: Option<Reply>,
     pub events: Vec<Event>,
     pub follow_ups: Vec<(Owner, Command)>,
+}
+
+/// Groups follow-ups into one command per destination partition (a `Batch` when there are several),
+/// keeping their order per destination; each goes to the first owner of its group. A batch of 8,000
+/// prepares then costs each partition a few journal records and applies instead of 8,000 of each.
+pub fn group_follow_ups<P: PartialEq>(
+    follow_ups: Vec<(Owner, Command)>,
+    partition_of: impl Fn(&Owner) -> P,
+) -> Vec<(Owner, Command)> {
+    let mut groups: Vec<(P, Owner, Vec<Command>)> = Vec::new();
+    for (owner, command) in follow_ups {
+        let partition = partition_of(&owner);
+        match groups.iter_mut().find(|(p, _, _)| *p == partition) {
+            Some((_, _, commands)) => commands.push(command),
+            None => groups.push((partition, owner, vec![command])),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(_, owner, mut commands)| {
+            let command = if commands.len() == 1 {
+                commands.pop().expect("one command")
+            } else {
+                Command::Batch(commands)
+            };
+            (owner, command)
+        })
+        .collect()
 }
 
 /// SHA-256 of the fulfilment must equal the condition (the interledger crypto-condition).
@@ -303,21 +338,42 @@ impl LedgerPartition {
     pub fn apply(&mut self, command: Command, now_ms: u64) -> Output {
         let mut out = Output::default();
         let reply = match command {
+            Command::Batch(commands) => Reply::Batch(
+                commands
+                    .into_iter()
+                    .map(|command| match command {
+                        Command::Batch(_) => Reply::Refused(Refusal {
+                            code: ErrorCode::Validation,
+                            message: "a batch cannot hold a batch".into(),
+                        }),
+                        command => self.apply_one(command, now_ms, &mut out),
+                    })
+                    .collect(),
+            ),
+            command => self.apply_one(command, now_ms, &mut out),
+        };
+        out.reply = Some(reply);
+        out
+    }
+
+    fn apply_one(&mut self, command: Command, now_ms: u64, out: &mut Output) -> Reply {
+        match command {
+            Command::Batch(_) => unreachable!("apply unpacks batches"),
             Command::CreateParticipant {
                 name,
                 currency,
                 ndc,
-            } => self.create_participant(name, currency, ndc, &mut out),
-            Command::SetNdc { name, ndc } => self.set_ndc(name, ndc, &mut out),
-            Command::Prepare(spec) => self.prepare(spec, now_ms, &mut out),
+            } => self.create_participant(name, currency, ndc, out),
+            Command::SetNdc { name, ndc } => self.set_ndc(name, ndc, out),
+            Command::Prepare(spec) => self.prepare(spec, now_ms, out),
             Command::Fulfil {
                 id,
                 source,
                 fulfilment,
-            } => self.fulfil(id, &source, fulfilment, now_ms, &mut out),
-            Command::Reject { id, source } => self.reject(id, &source, now_ms, &mut out),
+            } => self.fulfil(id, &source, fulfilment, now_ms, out),
+            Command::Reject { id, source } => self.reject(id, &source, now_ms, out),
             Command::Tick => {
-                self.expire_due(now_ms, &mut out);
+                self.expire_due(now_ms, out);
                 Reply::Done
             }
             Command::CheckPayee {
@@ -328,9 +384,9 @@ impl LedgerPartition {
                 amount,
             } => {
                 match self.participants.get(&payee) {
-                    None => Self::answer(id, Some(ErrorCode::PayeeNotFound), &mut out),
+                    None => Self::answer(id, Some(ErrorCode::PayeeNotFound), out),
                     Some(p) if p.currency != currency => {
-                        Self::answer(id, Some(ErrorCode::Validation), &mut out)
+                        Self::answer(id, Some(ErrorCode::Validation), out)
                     }
                     Some(_) => out.follow_ups.push((
                         Owner::Participant(payer.clone()),
@@ -350,29 +406,27 @@ impl LedgerPartition {
                 currency,
                 amount,
             } => {
-                let refusal = self.reserve(id, &payer, &currency, amount, &mut out);
-                Self::answer(id, refusal, &mut out);
+                let refusal = self.reserve(id, &payer, &currency, amount, out);
+                Self::answer(id, refusal, out);
                 Reply::Done
             }
             Command::ReserveResult { id, refusal } => {
-                self.reserve_result(id, refusal, now_ms, &mut out);
+                self.reserve_result(id, refusal, now_ms, out);
                 Reply::Done
             }
             Command::CommitPayer { id, payer, amount } => {
-                self.move_money(&payer, id, amount, -amount, now_ms, &mut out);
+                self.move_money(&payer, id, amount, -amount, now_ms, out);
                 Reply::Done
             }
             Command::CreditPayee { id, payee, amount } => {
-                self.move_money(&payee, id, -amount, 0, now_ms, &mut out);
+                self.move_money(&payee, id, -amount, 0, now_ms, out);
                 Reply::Done
             }
             Command::Release { id, payer, amount } => {
-                self.move_money(&payer, id, 0, -amount, now_ms, &mut out);
+                self.move_money(&payer, id, 0, -amount, now_ms, out);
                 Reply::Done
             }
-        };
-        out.reply = Some(reply);
-        out
+        }
     }
 
     /// Sends the outcome of a reservation back to the transfer's partition.

@@ -25,11 +25,32 @@ pub struct LedgerModel {
     /// Every transfer's state (the rest of a transfer is on its partition).
     pub transfers: HashMap<TransferId, TransferState>,
     pub participants: HashMap<String, ParticipantView>,
-    /// Transfers by FSPIOP state name.
-    pub transfer_states: BTreeMap<String, u64>,
+    /// Transfers in each state, indexed by [`state_index`].
+    transfer_counts: [u64; STATE_NAMES.len()],
+}
+
+/// FSPIOP's state names, in the order of [`state_index`].
+const STATE_NAMES: [&str; 4] = ["RECEIVED", "RESERVED", "COMMITTED", "ABORTED"];
+
+fn state_index(state: TransferState) -> usize {
+    match state {
+        TransferState::Received => 0,
+        TransferState::Reserved => 1,
+        TransferState::Committed => 2,
+        TransferState::Aborted(_) => 3,
+    }
 }
 
 impl LedgerModel {
+    pub fn transfers_in(&self, state: TransferState) -> u64 {
+        self.transfer_counts[state_index(state)]
+    }
+
+    /// Transfers by FSPIOP state name, every state included.
+    pub fn transfer_counts(&self) -> BTreeMap<&'static str, u64> {
+        STATE_NAMES.into_iter().zip(self.transfer_counts).collect()
+    }
+
     fn apply(&mut self, event: Event) {
         match event {
             Event::ParticipantCreated {
@@ -65,18 +86,13 @@ impl LedgerModel {
                 p.reserved = reserved;
             }
             Event::TransferPrepared { id, .. } => {
-                *self
-                    .transfer_states
-                    .entry(TransferState::Received.name().into())
-                    .or_default() += 1;
+                self.transfer_counts[state_index(TransferState::Received)] += 1;
                 self.transfers.insert(id, TransferState::Received);
             }
             Event::TransferChanged { id, state } => {
-                if let Some(known) = self.transfers.get_mut(&id)
-                    && known.name() != state.name()
-                {
-                    *self.transfer_states.entry(known.name().into()).or_default() -= 1;
-                    *self.transfer_states.entry(state.name().into()).or_default() += 1;
+                if let Some(known) = self.transfers.get_mut(&id) {
+                    self.transfer_counts[state_index(*known)] -= 1;
+                    self.transfer_counts[state_index(state)] += 1;
                     *known = state;
                 }
             }

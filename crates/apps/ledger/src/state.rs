@@ -1,7 +1,7 @@
 //! The ledger on the engine: commands, replies and events as postcard bytes, follow-ups routed by owner,
 //! and the partition's snapshot.
 
-use crate::domain::{Command, Event, LedgerPartition, Owner, Reply};
+use crate::domain::{Command, Event, LedgerPartition, Owner, Reply, group_follow_ups};
 use spate_engine::wire::{ReadLe, WriteLe};
 use spate_engine::{Effects, Origin, StateMachine};
 use std::io;
@@ -46,6 +46,9 @@ pub fn read_prefixed<T: serde::de::DeserializeOwned>(input: &mut dyn io::Read) -
 
 /// Commands a client may send; the others are steps of a transfer and only come as follow-ups.
 fn from_clients(command: &Command) -> bool {
+    if let Command::Batch(commands) = command {
+        return commands.iter().all(from_clients);
+    }
     matches!(
         command,
         Command::CreateParticipant { .. }
@@ -92,7 +95,10 @@ impl StateMachine for LedgerState {
                 for event in &out.events {
                     effects.emit(&encode::<Event>(event));
                 }
-                for (owner, follow_up) in &out.follow_ups {
+                let grouped = group_follow_ups(out.follow_ups, |owner| {
+                    effects.partition_of(&owner_key(owner))
+                });
+                for (owner, follow_up) in &grouped {
                     effects.follow_up(&owner_key(owner), encode(follow_up));
                 }
                 out.reply.expect("the domain answers every command")

@@ -1,10 +1,11 @@
-//! The ledger's invariants under random interleavings: several partitions, follow-ups delivered in a
-//! random order across pairs of partitions (in order within a pair, as the engine guarantees), with
-//! prepares, fulfils, rejects, ticks, cap changes and the clock moving on in between.
+//! The ledger's invariants under random interleavings: several partitions, follow-ups grouped per
+//! destination as the app sends them and delivered in a random order across pairs of partitions (in
+//! order within a pair, as the engine guarantees), with prepares, fulfils, rejects (alone or in client
+//! batches), ticks, cap changes and the clock moving on in between.
 
 use crate::domain::{
-    AbortReason, Amount, Command, ErrorCode, Event, LedgerPartition, Owner, Reply, TransferId,
-    TransferSpec, TransferState,
+    AbortReason, Amount, Command, ErrorCode, Event, LedgerPartition, Output, Owner, Reply,
+    TransferId, TransferSpec, TransferState, group_follow_ups,
 };
 use proptest::prelude::*;
 use sha2::{Digest, Sha256};
@@ -55,9 +56,19 @@ enum Op {
         participant: usize,
         ndc: Amount,
     },
+    /// Prepares, fulfils and rejects sent as one client batch, a `Batch` command per partition.
+    Batch(Vec<Op>),
 }
 
 fn op() -> impl Strategy<Value = Op> {
+    let single = single_op();
+    prop_oneof![
+        20 => single_op(),
+        2 => prop::collection::vec(single, 1..12).prop_map(Op::Batch),
+    ]
+}
+
+fn single_op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0..4usize, 0..4usize, 1..400i128, 1..300u64).prop_map(|(payer, payee, amount, expires_in_ms)| Op::Prepare { payer, payee, amount, expires_in_ms }),
         3 => (0..64usize, prop::bool::weighted(0.9), prop::bool::weighted(0.9)).prop_map(|(transfer, right_fulfilment, by_payee)| Op::Fulfil { transfer, right_fulfilment, by_payee }),
@@ -77,6 +88,13 @@ struct Sim {
     /// Every state each transfer went through, in order.
     history: HashMap<TransferId, Vec<TransferState>>,
     prepared: Vec<TransferSpec>,
+    /// Prepares attempted so far: the next transfer's number, which gives its id and fulfilment.
+    attempts: usize,
+}
+
+/// The fulfilment of the transfer with this id.
+fn fulfilment_for(id: TransferId) -> [u8; 32] {
+    fulfilment_of((id - 0x1000) as usize)
 }
 
 impl Sim {
@@ -89,6 +107,7 @@ impl Sim {
             now_ms: 1_000,
             history: HashMap::new(),
             prepared: Vec::new(),
+            attempts: 0,
         };
         for (name, ndc) in PARTICIPANTS.iter().zip(ndcs) {
             let create = Command::CreateParticipant {
@@ -105,12 +124,17 @@ impl Sim {
     fn apply(&mut self, owner: &Owner, command: Command) -> Reply {
         let at = partition_of(owner);
         let out = self.partitions[at].apply(command, self.now_ms);
+        self.record(at, out)
+    }
+
+    /// Notes the transfers' state changes and queues the follow-ups, grouped as the app sends them.
+    fn record(&mut self, at: usize, out: Output) -> Reply {
         for event in &out.events {
             if let Event::TransferChanged { id, state } = event {
                 self.history.entry(*id).or_default().push(*state);
             }
         }
-        for (to, follow_up) in out.follow_ups {
+        for (to, follow_up) in group_follow_ups(out.follow_ups, partition_of) {
             self.lanes
                 .entry((at, partition_of(&to)))
                 .or_default()
@@ -132,22 +156,16 @@ impl Sim {
         let lane = busy[pick % busy.len()];
         let command = self.lanes.get_mut(&lane).unwrap().pop_front().unwrap();
         let out = self.partitions[lane.1].apply(command, self.now_ms);
-        assert_eq!(out.reply, Some(Reply::Done), "follow-ups answer nobody");
-        for event in &out.events {
-            if let Event::TransferChanged { id, state } = event {
-                self.history.entry(*id).or_default().push(*state);
-            }
-        }
-        for (to, follow_up) in out.follow_ups {
-            self.lanes
-                .entry((lane.1, partition_of(&to)))
-                .or_default()
-                .push_back(follow_up);
+        match self.record(lane.1, out) {
+            Reply::Done => {}
+            Reply::Batch(replies) => assert!(replies.iter().all(|r| *r == Reply::Done)),
+            other => panic!("follow-ups answer nobody, got {other:?}"),
         }
         true
     }
 
-    fn run(&mut self, op: &Op) {
+    /// The command a client operation sends, and the transfer it prepares, if it is a prepare.
+    fn client_command(&mut self, op: &Op) -> Option<(Owner, Command, Option<TransferSpec>)> {
         match *op {
             Op::Prepare {
                 payer,
@@ -155,7 +173,8 @@ impl Sim {
                 amount,
                 expires_in_ms,
             } => {
-                let n = self.prepared.len();
+                let n = self.attempts;
+                self.attempts += 1;
                 let spec = TransferSpec {
                     id: 0x1000 + n as u128,
                     payer: PARTICIPANTS[payer].into(),
@@ -166,18 +185,83 @@ impl Sim {
                     expiration_ms: self.now_ms + expires_in_ms,
                     content_hash: n as u64,
                 };
-                let reply = self.apply(&Owner::Transfer(spec.id), Command::Prepare(spec.clone()));
+                let owner = Owner::Transfer(spec.id);
+                Some((owner, Command::Prepare(spec.clone()), Some(spec)))
+            }
+            Op::Fulfil {
+                transfer,
+                right_fulfilment,
+                by_payee,
+            } => {
+                let spec = self.prepared.get(transfer % self.prepared.len().max(1))?;
+                let mut fulfilment = fulfilment_for(spec.id);
+                if !right_fulfilment {
+                    fulfilment[0] ^= 1;
+                }
+                let source = if by_payee { &spec.payee } else { &spec.payer };
+                let command = Command::Fulfil {
+                    id: spec.id,
+                    source: source.clone(),
+                    fulfilment,
+                };
+                Some((Owner::Transfer(spec.id), command, None))
+            }
+            Op::Reject { transfer } => {
+                let spec = self.prepared.get(transfer % self.prepared.len().max(1))?;
+                let command = Command::Reject {
+                    id: spec.id,
+                    source: spec.payee.clone(),
+                };
+                Some((Owner::Transfer(spec.id), command, None))
+            }
+            _ => None,
+        }
+    }
+
+    /// A client batch: each partition gets its share as one `Batch`, answered item by item.
+    fn run_batch(&mut self, ops: &[Op]) {
+        let mut shares: BTreeMap<usize, Vec<(Command, Option<TransferSpec>)>> = BTreeMap::new();
+        for op in ops {
+            if let Some((owner, command, spec)) = self.client_command(op) {
+                shares
+                    .entry(partition_of(&owner))
+                    .or_default()
+                    .push((command, spec));
+            }
+        }
+        for (at, share) in shares {
+            let (commands, specs): (Vec<_>, Vec<_>) = share.into_iter().unzip();
+            let out = self.partitions[at].apply(Command::Batch(commands), self.now_ms);
+            let Reply::Batch(replies) = self.record(at, out) else {
+                panic!("a batch is answered with a batch");
+            };
+            assert_eq!(replies.len(), specs.len(), "one reply per command");
+            for (spec, reply) in specs.into_iter().zip(replies) {
+                if let Some(spec) = spec
+                    && reply == Reply::Transfer(spec.id, TransferState::Received)
+                {
+                    self.prepared.push(spec);
+                }
+            }
+        }
+    }
+
+    fn run(&mut self, op: &Op) {
+        match *op {
+            Op::Prepare { payer, payee, .. } => {
+                let (owner, command, spec) = self.client_command(op).expect("a prepare");
+                let spec = spec.expect("a prepare prepares");
+                let reply = self.apply(&owner, command);
                 if payer == payee {
                     assert!(matches!(reply, Reply::Refused(r) if r.code == ErrorCode::Validation));
                 } else {
                     assert_eq!(reply, Reply::Transfer(spec.id, TransferState::Received));
                     // A resent prepare answers the current state; a modified one is refused.
-                    let again =
-                        self.apply(&Owner::Transfer(spec.id), Command::Prepare(spec.clone()));
+                    let again = self.apply(&owner, Command::Prepare(spec.clone()));
                     assert!(matches!(again, Reply::Transfer(id, _) if id == spec.id));
                     let mut modified = spec.clone();
                     modified.content_hash ^= 1;
-                    let refused = self.apply(&Owner::Transfer(spec.id), Command::Prepare(modified));
+                    let refused = self.apply(&owner, Command::Prepare(modified));
                     assert!(
                         matches!(refused, Reply::Refused(r) if r.code == ErrorCode::ModifiedRequest)
                     );
@@ -185,63 +269,35 @@ impl Sim {
                 }
             }
             Op::Fulfil {
-                transfer,
                 right_fulfilment,
                 by_payee,
+                ..
             } => {
-                if self.prepared.is_empty() {
+                let Some((owner, command, _)) = self.client_command(op) else {
                     return;
-                }
-                let n = transfer % self.prepared.len();
-                let spec = self.prepared[n].clone();
-                let fulfilment = fulfilment_of(if right_fulfilment { n } else { n + 1 });
-                let source = if by_payee {
-                    spec.payee.clone()
-                } else {
-                    spec.payer.clone()
                 };
-                let before = self.state_of(spec.id);
-                let reply = self.apply(
-                    &Owner::Transfer(spec.id),
-                    Command::Fulfil {
-                        id: spec.id,
-                        source,
-                        fulfilment,
-                    },
-                );
-                let committed = reply == Reply::Transfer(spec.id, TransferState::Committed);
+                let Owner::Transfer(id) = owner else {
+                    unreachable!("a fulfil is sent to its transfer")
+                };
+                let spec = self.prepared.iter().find(|s| s.id == id).unwrap().clone();
+                let before = self.state_of(id);
+                let reply = self.apply(&owner, command);
+                let committed = reply == Reply::Transfer(id, TransferState::Committed);
                 if committed && before != TransferState::Committed {
                     assert!(before == TransferState::Reserved && right_fulfilment && by_payee);
                     assert!(spec.expiration_ms > self.now_ms);
                 }
             }
-            Op::Reject { transfer } => {
-                if self.prepared.is_empty() {
-                    return;
+            Op::Reject { .. } => {
+                if let Some((owner, command, _)) = self.client_command(op) {
+                    self.apply(&owner, command);
                 }
-                let spec = self.prepared[transfer % self.prepared.len()].clone();
-                self.apply(
-                    &Owner::Transfer(spec.id),
-                    Command::Reject {
-                        id: spec.id,
-                        source: spec.payee.clone(),
-                    },
-                );
             }
+            Op::Batch(ref ops) => self.run_batch(ops),
             Op::Tick => {
                 for partition in 0..PARTITIONS {
                     let out = self.partitions[partition].apply(Command::Tick, self.now_ms);
-                    for event in &out.events {
-                        if let Event::TransferChanged { id, state } = event {
-                            self.history.entry(*id).or_default().push(*state);
-                        }
-                    }
-                    for (to, follow_up) in out.follow_ups {
-                        self.lanes
-                            .entry((partition, partition_of(&to)))
-                            .or_default()
-                            .push_back(follow_up);
-                    }
+                    self.record(partition, out);
                 }
             }
             Op::Advance { ms } => self.now_ms += ms,

@@ -1,10 +1,13 @@
 //! `POST /transfers/batch`: many prepares, fulfils and rejects in one request.
 
 use super::parse::{
-    Prepare, check_name, format_transfer_id, parse_32_bytes, parse_body, parse_transfer_id,
+    Prepare, check_name, parse_32_bytes, parse_body, parse_transfer_id, refusal_error,
     transfer_spec, validation,
 };
-use super::{Ctx, RESERVATION_WAIT, Waiting, reservation_refusal, transfer_body, unexpected};
+use super::{
+    Ctx, RESERVATION_WAIT, TransferBody, Waiting, failed_operation, reservation_refusal,
+    transfer_body, unexpected,
+};
 use crate::APP_ID;
 use crate::domain::{Command, Owner, Refusal, Reply, TransferId, TransferState};
 use crate::state::{decode, encode, owner_key};
@@ -12,8 +15,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use spate_engine::{PartitionId, Pending, Refused};
 use spate_server::ApiError;
 use spate_server::api::{json, reply_bytes};
 
@@ -88,19 +91,30 @@ fn batch_command(
     })
 }
 
-fn batch_result(id: TransferId, outcome: Result<TransferState, Refusal>) -> Value {
+fn batch_result(id: TransferId, outcome: Result<TransferState, Refusal>) -> TransferBody {
     match outcome.and_then(|state| reservation_refusal(state).map_or(Ok(state), Err)) {
         Ok(state) => transfer_body(id, state),
-        Err(refusal) => json!({
-            "transferId": format_transfer_id(id),
-            "error": {"code": refusal.code.code().to_string(), "message": refusal.message},
-        }),
+        Err(refusal) => failed_operation(Some(id), refusal_error(refusal)),
     }
 }
 
+#[derive(Serialize)]
+struct BatchResults {
+    results: Vec<TransferBody>,
+}
+
+/// The operations of a batch that one partition owns, kept together so they travel as one command.
+struct PartitionShare {
+    partition: PartitionId,
+    /// (position in the batch, transfer id) of each command, in batch order.
+    slots: Vec<(usize, TransferId)>,
+    commands: Vec<Command>,
+}
+
 /// `POST /transfers/batch`: many prepares, fulfils and rejects in one request, each applied as the
-/// single request would be, in order per transfer; one result per operation, in order. The answer
-/// comes once every prepare's reservation is settled.
+/// single request would be, in order per transfer; one result per operation, in order. The operations
+/// each partition owns go to it as one command, so a batch costs a few journal records, not one per
+/// operation. The answer comes once every prepare's reservation is settled.
 pub(super) async fn batch(State(ledger): Ctx, body: Bytes) -> Result<Response, ApiError> {
     let Batch { operations } = parse_body(&body)?;
     if operations.is_empty() || operations.len() > BATCH_OPERATIONS_MAX {
@@ -108,73 +122,107 @@ pub(super) async fn batch(State(ledger): Ctx, body: Bytes) -> Result<Response, A
             "a batch holds 1 to {BATCH_OPERATIONS_MAX} operations"
         )));
     }
-    let parsed: Vec<Result<(TransferId, Command), ApiError>> = operations
-        .iter()
-        .map(|operation| batch_command(operation))
-        .collect();
-    let prepared: Vec<TransferId> = parsed
-        .iter()
-        .filter_map(|p| match p {
-            Ok((id, Command::Prepare(_))) => Some(*id),
-            _ => None,
-        })
-        .collect();
-    let (_waiting, reservations) = Waiting::register(&ledger.waiters, prepared);
-    let mut reservations = reservations.into_iter();
-    // Queue everything first, so the operations share group commits, then collect the answers.
-    let mut pending = Vec::with_capacity(parsed.len());
-    for item in parsed {
-        pending.push(item.map(|(id, command)| {
-            let partition = ledger.engine.partition_of(&owner_key(&Owner::Transfer(id)));
+    let mut results: Vec<Option<TransferBody>> = (0..operations.len()).map(|_| None).collect();
+    let mut shares: Vec<PartitionShare> = Vec::new();
+    let mut prepared: Vec<(usize, TransferId)> = Vec::new();
+    for (slot, operation) in operations.iter().enumerate() {
+        let (id, command) = match batch_command(operation) {
+            Ok(parsed) => parsed,
+            Err(error) => {
+                results[slot] = Some(failed_operation(None, error));
+                continue;
+            }
+        };
+        if matches!(command, Command::Prepare(_)) {
+            prepared.push((slot, id));
+        }
+        let partition = ledger.engine.partition_of(&owner_key(&Owner::Transfer(id)));
+        let share = match shares.iter().position(|s| s.partition == partition) {
+            Some(index) => &mut shares[index],
+            None => {
+                shares.push(PartitionShare {
+                    partition,
+                    slots: Vec::new(),
+                    commands: Vec::new(),
+                });
+                shares.last_mut().expect("just pushed")
+            }
+        };
+        share.slots.push((slot, id));
+        share.commands.push(command);
+    }
+    let (_waiting, receivers) = Waiting::register(
+        &ledger.waiters,
+        prepared.iter().map(|&(_, id)| id).collect(),
+    );
+    let mut reservations: Vec<Option<_>> = (0..operations.len()).map(|_| None).collect();
+    for ((slot, _), receiver) in prepared.into_iter().zip(receivers) {
+        reservations[slot] = Some(receiver);
+    }
+    // Queue every share first, so the partitions work in parallel, then collect the answers.
+    let queued: Vec<_> = shares
+        .into_iter()
+        .map(|share| {
+            let command = encode(&Command::Batch(share.commands));
             let queued = ledger
                 .engine
-                .enqueue(partition, APP_ID, None, encode(&command));
-            let reservation = matches!(command, Command::Prepare(_))
-                .then(|| reservations.next().expect("one waiter per prepare"));
-            (id, queued, reservation)
-        }));
-    }
+                .enqueue(share.partition, APP_ID, None, command);
+            (share.slots, queued)
+        })
+        .collect();
     let deadline = tokio::time::Instant::now() + RESERVATION_WAIT;
-    let mut results = Vec::with_capacity(pending.len());
-    for item in pending {
-        let (id, queued, reservation) = match item {
-            Ok(item) => item,
+    for (slots, queued) in queued {
+        let replies = match share_replies(queued, slots.len()).await {
+            Ok(replies) => replies,
             Err(error) => {
-                results.push(json!({"error": {"code": error.code, "message": error.message}}));
-                continue;
-            }
-        };
-        let reply = match queued {
-            Ok(pending) => match pending.reply().await {
-                Ok(reply) => reply_bytes(reply).and_then(|bytes| {
-                    decode::<Reply>(&bytes).map_err(|e| {
-                        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-                    })
-                }),
-                Err(error) => Err(error.into()),
-            },
-            Err(refused) => Err(refused.error.into()),
-        };
-        let outcome = match reply {
-            Ok(Reply::Transfer(_, TransferState::Received)) => {
-                let reservation = reservation.expect("only prepares answer RECEIVED");
-                match tokio::time::timeout_at(deadline, reservation).await {
-                    Ok(Ok(state)) => Ok(state),
-                    _ => Ok(TransferState::Received),
+                for (slot, id) in slots {
+                    results[slot] = Some(failed_operation(Some(id), error.clone()));
                 }
-            }
-            Ok(Reply::Transfer(_, state)) => Ok(state),
-            Ok(Reply::Refused(refusal)) => Err(refusal),
-            Ok(other) => return Err(unexpected(&other)),
-            Err(error) => {
-                results.push(json!({
-                    "transferId": format_transfer_id(id),
-                    "error": {"code": error.code, "message": error.message},
-                }));
                 continue;
             }
         };
-        results.push(batch_result(id, outcome));
+        for ((slot, id), reply) in slots.into_iter().zip(replies) {
+            let outcome = match reply {
+                Reply::Transfer(_, TransferState::Received) => {
+                    let reservation = reservations[slot]
+                        .take()
+                        .expect("only prepares answer RECEIVED");
+                    match tokio::time::timeout_at(deadline, reservation).await {
+                        Ok(Ok(state)) => Ok(state),
+                        _ => Ok(TransferState::Received),
+                    }
+                }
+                Reply::Transfer(_, state) => Ok(state),
+                Reply::Refused(refusal) => Err(refusal),
+                other => return Err(unexpected(&other)),
+            };
+            results[slot] = Some(batch_result(id, outcome));
+        }
     }
-    Ok(json(StatusCode::OK, &json!({ "results": results })))
+    let results: Vec<TransferBody> = results
+        .into_iter()
+        .map(|result| result.expect("every operation has a result"))
+        .collect();
+    Ok(json(StatusCode::OK, &BatchResults { results }))
+}
+
+/// The replies to one partition's share of a batch, one per command.
+async fn share_replies(
+    queued: Result<Pending, Refused>,
+    expected: usize,
+) -> Result<Vec<Reply>, ApiError> {
+    let reply = match queued {
+        Ok(pending) => pending.reply().await?,
+        Err(refused) => return Err(refused.error.into()),
+    };
+    let bytes = reply_bytes(reply)?;
+    match decode::<Reply>(&bytes) {
+        Ok(Reply::Batch(replies)) if replies.len() == expected => Ok(replies),
+        Ok(other) => Err(unexpected(&other)),
+        Err(e) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            e.to_string(),
+        )),
+    }
 }

@@ -28,7 +28,7 @@ use parse::{
     Prepare, check_currency, check_name, format_time_ms, format_transfer_id, parse_32_bytes,
     parse_body, parse_time_ms, parse_transfer_id, refusal_error, transfer_spec, validation,
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use spate_engine::EngineHandle;
 use spate_server::ApiError;
@@ -95,18 +95,54 @@ fn no_participant(name: &str) -> ApiError {
     })
 }
 
-fn transfer_body(id: TransferId, state: TransferState) -> Value {
-    let mut body = json!({ "transferId": format_transfer_id(id), "transferState": state.name() });
-    match state {
-        TransferState::Aborted(AbortReason::Refused(code)) => {
-            body["errorCode"] = json!(code.code().to_string());
-        }
-        TransferState::Aborted(AbortReason::Expired) => {
-            body["errorCode"] = json!(ErrorCode::Expired.code().to_string());
-        }
-        _ => {}
+/// A transfer's id and state as FSPIOP shows them, or what went wrong with an operation on it: the body
+/// of a single transfer request and one result of a batch. Written straight into the response, since a
+/// batch has thousands.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct TransferBody {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    transfer_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    transfer_state: Option<&'static str>,
+    /// Why an ABORTED transfer was aborted, when it was not the payee's decision.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error_code: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<OperationError>,
+}
+
+#[derive(Serialize)]
+struct OperationError {
+    code: String,
+    message: String,
+}
+
+fn transfer_body(id: TransferId, state: TransferState) -> TransferBody {
+    let error_code = match state {
+        TransferState::Aborted(AbortReason::Refused(code)) => Some(code.code().to_string()),
+        TransferState::Aborted(AbortReason::Expired) => Some(ErrorCode::Expired.code().to_string()),
+        _ => None,
+    };
+    TransferBody {
+        transfer_id: Some(format_transfer_id(id)),
+        transfer_state: Some(state.name()),
+        error_code,
+        error: None,
     }
-    body
+}
+
+/// An operation of a batch that failed: with its transfer's id when it has one.
+fn failed_operation(id: Option<TransferId>, error: ApiError) -> TransferBody {
+    TransferBody {
+        transfer_id: id.map(format_transfer_id),
+        transfer_state: None,
+        error_code: None,
+        error: Some(OperationError {
+            code: error.code,
+            message: error.message,
+        }),
+    }
 }
 
 #[derive(Deserialize)]
@@ -288,7 +324,7 @@ async fn list_participants(State(ledger): Ctx) -> Response {
         &json!({
             "participants": participants,
             "positionSums": position_sums,
-            "transfers": model.transfer_states,
+            "transfers": model.transfer_counts(),
             "lagRecords": lag,
         }),
     )
@@ -489,13 +525,26 @@ async fn get_transfer(State(ledger): Ctx, Path(id): Path<String>) -> Result<Resp
         })
     })?;
     let spec = &transfer.spec;
-    let mut body = transfer_body(id, transfer.state);
-    body["payerFsp"] = json!(spec.payer);
-    body["payeeFsp"] = json!(spec.payee);
-    body["amount"] =
-        json!({"currency": spec.currency, "amount": amount::format(spec.amount, &spec.currency)});
-    body["expiration"] = json!(format_time_ms(spec.expiration_ms));
+    let body = TransferView {
+        outcome: transfer_body(id, transfer.state),
+        payer_fsp: &spec.payer,
+        payee_fsp: &spec.payee,
+        amount: json!({"currency": spec.currency, "amount": amount::format(spec.amount, &spec.currency)}),
+        expiration: format_time_ms(spec.expiration_ms),
+    };
     Ok(json(StatusCode::OK, &body))
+}
+
+/// `GET /transfers/{id}`: the transfer's state and what was prepared.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct TransferView<'a> {
+    #[serde(flatten)]
+    outcome: TransferBody,
+    payer_fsp: &'a str,
+    payee_fsp: &'a str,
+    amount: Value,
+    expiration: String,
 }
 
 pub(crate) fn routes(
@@ -515,9 +564,8 @@ pub(crate) fn routes(
             reserved_model
                 .read()
                 .expect("the ledger model lock is never poisoned")
-                .transfer_states
-                .get(TransferState::Reserved.name())
-                .is_some_and(|&reserved| reserved > 0)
+                .transfers_in(TransferState::Reserved)
+                > 0
         },
     );
     let ledger = Arc::new(Ledger {

@@ -78,20 +78,23 @@ pub(super) fn parse_transfer_id(text: &str) -> Result<TransferId, ApiError> {
             text.chars().take(40).collect::<String>()
         )));
     }
-    let hex: String = text.chars().filter(|c| *c != '-').collect();
-    Ok(u128::from_str_radix(&hex, 16).expect("checked hex digits"))
+    Ok(bytes.iter().filter(|b| **b != b'-').fold(0, |id, b| {
+        let digit = (*b as char).to_digit(16).expect("checked hex digits");
+        (id << 4) | TransferId::from(digit)
+    }))
 }
 
 pub(super) fn format_transfer_id(id: TransferId) -> String {
-    let hex = format!("{id:032x}");
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    )
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut text = String::with_capacity(36);
+    for nibble in 0..32 {
+        if matches!(nibble, 8 | 12 | 16 | 20) {
+            text.push('-');
+        }
+        let digit = (id >> (4 * (31 - nibble))) & 0xf;
+        text.push(char::from(DIGITS[digit as usize]));
+    }
+    text
 }
 
 /// A condition or fulfilment: base64url without padding of 32 bytes (43 characters).
