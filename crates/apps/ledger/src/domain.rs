@@ -22,6 +22,10 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeSet, HashMap};
 
+/// A participant's name or a currency: short, so held inline without an allocation (up to 24 bytes;
+/// names are at most 32), which matters when every step of a transfer carries two of them.
+pub type Name = compact_str::CompactString;
+
 /// Money in the currency's minor units (cents for USD). Never floating point.
 pub type Amount = i128;
 /// A transfer id: the UUID of FSPIOP's `transferId`, as a number.
@@ -119,9 +123,9 @@ impl TransferState {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TransferSpec {
     pub id: TransferId,
-    pub payer: String,
-    pub payee: String,
-    pub currency: String,
+    pub payer: Name,
+    pub payee: Name,
+    pub currency: Name,
     pub amount: Amount,
     pub condition: [u8; 32],
     pub expiration_ms: u64,
@@ -146,7 +150,7 @@ pub struct Entry {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Participant {
-    pub currency: String,
+    pub currency: Name,
     pub ndc: Amount,
     pub position: Amount,
     pub reserved: Amount,
@@ -158,38 +162,38 @@ pub struct Participant {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
     CreateParticipant {
-        name: String,
-        currency: String,
+        name: Name,
+        currency: Name,
         ndc: Amount,
     },
     SetNdc {
-        name: String,
+        name: Name,
         ndc: Amount,
     },
     Prepare(TransferSpec),
     /// `source` is the FSP asking (FSPIOP-Source); only the payee may fulfil or reject.
     Fulfil {
         id: TransferId,
-        source: String,
+        source: Name,
         fulfilment: [u8; 32],
     },
     Reject {
         id: TransferId,
-        source: String,
+        source: Name,
     },
     /// Expires what is due; the server sends one to every partition periodically.
     Tick,
     CheckPayee {
         id: TransferId,
-        payee: String,
-        payer: String,
-        currency: String,
+        payee: Name,
+        payer: Name,
+        currency: Name,
         amount: Amount,
     },
     Reserve {
         id: TransferId,
-        payer: String,
-        currency: String,
+        payer: Name,
+        currency: Name,
         amount: Amount,
     },
     ReserveResult {
@@ -198,17 +202,17 @@ pub enum Command {
     },
     CommitPayer {
         id: TransferId,
-        payer: String,
+        payer: Name,
         amount: Amount,
     },
     CreditPayee {
         id: TransferId,
-        payee: String,
+        payee: Name,
         amount: Amount,
     },
     Release {
         id: TransferId,
-        payer: String,
+        payer: Name,
         amount: Amount,
     },
     /// Several commands applied in order, as if one by one, in one journal record: a client's batch
@@ -221,24 +225,24 @@ pub enum Command {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Owner {
     Transfer(TransferId),
-    Participant(String),
+    Participant(Name),
 }
 
 /// What a command changed, for the read model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Event {
     ParticipantCreated {
-        name: String,
-        currency: String,
+        name: Name,
+        currency: Name,
         ndc: Amount,
     },
     NdcChanged {
-        name: String,
+        name: Name,
         ndc: Amount,
     },
     /// `reserved` and `position` are the participant's figures after the change.
     ParticipantChanged {
-        name: String,
+        name: Name,
         transfer: TransferId,
         position: Amount,
         reserved: Amount,
@@ -246,9 +250,9 @@ pub enum Event {
     /// A transfer was prepared (followed by its `TransferChanged` to RECEIVED).
     TransferPrepared {
         id: TransferId,
-        payer: String,
-        payee: String,
-        currency: String,
+        payer: Name,
+        payee: Name,
+        currency: Name,
         amount: Amount,
     },
     TransferChanged {
@@ -259,7 +263,7 @@ pub enum Event {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
-    Participant(String),
+    Participant(Name),
     Transfer(TransferId, TransferState),
     Refused(Refusal),
     /// A follow-up or a tick: nobody waits for it.
@@ -311,8 +315,10 @@ pub fn fulfils(fulfilment: &[u8; 32], condition: &[u8; 32]) -> bool {
 /// The state one partition owns: some participants and some transfers.
 #[derive(Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LedgerPartition {
-    participants: HashMap<String, Participant>,
-    transfers: HashMap<TransferId, Transfer>,
+    participants: HashMap<Name, Participant>,
+    /// Boxed, so growing the map moves pointers, not transfers: a map of millions of inline transfers
+    /// stalls its partition for seconds when it resizes.
+    transfers: HashMap<TransferId, Box<Transfer>>,
     /// (expiration, id) of transfers that may still expire: RECEIVED or RESERVED.
     expiries: BTreeSet<(u64, TransferId)>,
 }
@@ -323,15 +329,15 @@ impl LedgerPartition {
     }
 
     pub fn transfer(&self, id: TransferId) -> Option<&Transfer> {
-        self.transfers.get(&id)
+        self.transfers.get(&id).map(|transfer| &**transfer)
     }
 
-    pub fn participants(&self) -> impl Iterator<Item = (&String, &Participant)> {
+    pub fn participants(&self) -> impl Iterator<Item = (&Name, &Participant)> {
         self.participants.iter()
     }
 
     pub fn transfers(&self) -> impl Iterator<Item = &Transfer> {
-        self.transfers.values()
+        self.transfers.values().map(|transfer| &**transfer)
     }
 
     /// Applies one command at `now_ms`. Client commands get a reply; follow-ups and ticks get `Done`.
@@ -437,8 +443,8 @@ impl LedgerPartition {
 
     fn create_participant(
         &mut self,
-        name: String,
-        currency: String,
+        name: Name,
+        currency: Name,
         ndc: Amount,
         out: &mut Output,
     ) -> Reply {
@@ -472,7 +478,7 @@ impl LedgerPartition {
         Reply::Participant(name)
     }
 
-    fn set_ndc(&mut self, name: String, ndc: Amount, out: &mut Output) -> Reply {
+    fn set_ndc(&mut self, name: Name, ndc: Amount, out: &mut Output) -> Reply {
         let Some(participant) = self.participants.get_mut(&name) else {
             return Reply::Refused(Refusal {
                 code: ErrorCode::ParticipantNotFound,
@@ -541,11 +547,11 @@ impl LedgerPartition {
         });
         self.transfers.insert(
             id,
-            Transfer {
+            Box::new(Transfer {
                 spec,
                 state: TransferState::Received,
                 fulfilment: None,
-            },
+            }),
         );
         out.events.push(Event::TransferChanged {
             id,
@@ -574,7 +580,7 @@ impl LedgerPartition {
         }
         participant.reserved += amount;
         out.events.push(Event::ParticipantChanged {
-            name: payer.to_string(),
+            name: payer.into(),
             transfer: id,
             position: participant.position,
             reserved: participant.reserved,
@@ -780,7 +786,7 @@ impl LedgerPartition {
             });
         }
         out.events.push(Event::ParticipantChanged {
-            name: name.to_string(),
+            name: name.into(),
             transfer: id,
             position: participant.position,
             reserved: participant.reserved,

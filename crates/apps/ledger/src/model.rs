@@ -3,7 +3,7 @@
 //! participants are read from their partitions). The projection also wakes the requests waiting for a
 //! prepared transfer's reservation.
 
-use crate::domain::{Amount, Event, TransferId, TransferState};
+use crate::domain::{Amount, Event, Name, TransferId, TransferState};
 use crate::state::{decode, encode, read_prefixed, write_prefixed};
 use serde::{Deserialize, Serialize};
 use spate_engine::{Lsn, PartitionId, Projection};
@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ParticipantView {
-    pub currency: String,
+    pub currency: Name,
     pub ndc: Amount,
     pub position: Amount,
     pub reserved: Amount,
@@ -24,7 +24,7 @@ pub struct ParticipantView {
 pub struct LedgerModel {
     /// Every transfer's state (the rest of a transfer is on its partition).
     pub transfers: HashMap<TransferId, TransferState>,
-    pub participants: HashMap<String, ParticipantView>,
+    pub participants: HashMap<Name, ParticipantView>,
     /// Transfers in each state, indexed by [`state_index`].
     transfer_counts: [u64; STATE_NAMES.len()],
 }

@@ -111,12 +111,12 @@ impl Sim {
         };
         for (name, ndc) in PARTICIPANTS.iter().zip(ndcs) {
             let create = Command::CreateParticipant {
-                name: name.to_string(),
+                name: (*name).into(),
                 currency: "USD".into(),
                 ndc: *ndc,
             };
-            let reply = sim.apply(&Owner::Participant(name.to_string()), create);
-            assert_eq!(reply, Reply::Participant(name.to_string()));
+            let reply = sim.apply(&Owner::Participant((*name).into()), create);
+            assert_eq!(reply, Reply::Participant((*name).into()));
         }
         sim
     }
@@ -305,7 +305,7 @@ impl Sim {
                 self.deliver(pick);
             }
             Op::SetNdc { participant, ndc } => {
-                let name = PARTICIPANTS[participant].to_string();
+                let name: crate::domain::Name = PARTICIPANTS[participant].into();
                 self.apply(
                     &Owner::Participant(name.clone()),
                     Command::SetNdc { name, ndc },

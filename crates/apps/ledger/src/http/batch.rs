@@ -67,7 +67,7 @@ fn batch_command(
                 .as_deref()
                 .ok_or_else(|| validation("a fulfil needs its fulfilment"))?;
             let fulfilment = parse_32_bytes("fulfilment", fulfilment)?;
-            let source = completion.source;
+            let source = completion.source.into();
             (
                 id,
                 Command::Fulfil {
@@ -84,7 +84,7 @@ fn batch_command(
                 id,
                 Command::Reject {
                     id,
-                    source: completion.source,
+                    source: completion.source.into(),
                 },
             )
         }

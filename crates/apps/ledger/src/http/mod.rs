@@ -13,7 +13,7 @@ pub use batch::BATCH_OPERATIONS_MAX;
 
 use crate::amount;
 use crate::domain::{
-    AbortReason, Amount, Command, ErrorCode, Refusal, Reply, TransferId, TransferState,
+    AbortReason, Amount, Command, ErrorCode, Name, Refusal, Reply, TransferId, TransferState,
 };
 use crate::model::{LedgerModel, Waiters};
 use crate::state::{LedgerState, decode, encode, owner_key};
@@ -75,7 +75,7 @@ impl Ledger {
     }
 
     /// A participant's currency, from its partition.
-    async fn currency_of(&self, name: &str) -> Result<String, ApiError> {
+    async fn currency_of(&self, name: &str) -> Result<Name, ApiError> {
         let lookup = name.to_string();
         self.read(&Owner::Participant(name.into()), move |state| {
             state
@@ -159,12 +159,12 @@ async fn create_participant(State(ledger): Ctx, body: Bytes) -> Result<Response,
     check_currency(&body.currency)?;
     let ndc = amount::parse(&body.ndc, &body.currency).map_err(validation)?;
     let command = Command::CreateParticipant {
-        name: body.name.clone(),
-        currency: body.currency.clone(),
+        name: body.name.as_str().into(),
+        currency: body.currency.as_str().into(),
         ndc,
     };
     match ledger
-        .submit(&Owner::Participant(body.name.clone()), &command)
+        .submit(&Owner::Participant(body.name.as_str().into()), &command)
         .await?
     {
         Reply::Participant(_) => Ok(json(
@@ -216,11 +216,11 @@ async fn set_ndc(
     let currency = ledger.currency_of(&name).await?;
     let ndc = amount::parse(&body.ndc, &currency).map_err(validation)?;
     let command = Command::SetNdc {
-        name: name.clone(),
+        name: name.as_str().into(),
         ndc,
     };
     match ledger
-        .submit(&Owner::Participant(name.clone()), &command)
+        .submit(&Owner::Participant(name.as_str().into()), &command)
         .await?
     {
         Reply::Participant(_) => get_participant(State(ledger), Path(name)).await,
@@ -236,7 +236,7 @@ async fn get_participant(
     check_name("name", &name)?;
     let lookup = name.clone();
     let found = ledger
-        .read(&Owner::Participant(name.clone()), move |state| {
+        .read(&Owner::Participant(name.as_str().into()), move |state| {
             state
                 .ledger
                 .participant(&lookup)
@@ -269,7 +269,7 @@ async fn get_entries(
     }
     let lookup = name.clone();
     let found = ledger
-        .read(&Owner::Participant(name.clone()), move |state| {
+        .read(&Owner::Participant(name.as_str().into()), move |state| {
             state.ledger.participant(&lookup).map(|p| {
                 let page: Vec<_> = p.entries.iter().skip(offset).take(limit).copied().collect();
                 (p.currency.clone(), p.entries.len(), page)
@@ -301,7 +301,7 @@ async fn list_participants(State(ledger): Ctx) -> Response {
         .model
         .read()
         .expect("the ledger model lock is never poisoned");
-    let mut names: Vec<&String> = model.participants.keys().collect();
+    let mut names: Vec<&Name> = model.participants.keys().collect();
     names.sort();
     let participants: Vec<Value> = names
         .iter()
@@ -442,13 +442,13 @@ struct Completion {
     _extension_list: Option<serde::de::IgnoredAny>,
 }
 
-fn source_of(headers: &HeaderMap) -> Result<String, ApiError> {
+fn source_of(headers: &HeaderMap) -> Result<Name, ApiError> {
     let source = headers
         .get("fspiop-source")
         .and_then(|v| v.to_str().ok())
         .ok_or_else(|| validation("the FSPIOP-Source header names the FSP making the request"))?;
     check_name("FSPIOP-Source", source)?;
-    Ok(source.to_string())
+    Ok(source.into())
 }
 
 async fn complete(

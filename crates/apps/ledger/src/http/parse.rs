@@ -180,9 +180,9 @@ pub(super) fn transfer_spec(body: &Prepare) -> Result<TransferSpec, ApiError> {
     .expect("JSON encodes");
     Ok(TransferSpec {
         id,
-        payer: body.payer_fsp.clone(),
-        payee: body.payee_fsp.clone(),
-        currency: body.amount.currency.clone(),
+        payer: body.payer_fsp.as_str().into(),
+        payee: body.payee_fsp.as_str().into(),
+        currency: body.amount.currency.as_str().into(),
         amount,
         condition,
         expiration_ms,
