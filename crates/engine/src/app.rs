@@ -51,7 +51,8 @@ impl Effects<'_> {
     }
 
     /// Sends a command of the same app to the partition that owns `key`. The engine applies it there
-    /// exactly once, after this command is durable, even across crashes. It arrives as a command with
+    /// exactly once, after this command, even across crashes: on another partition once this command is
+    /// durable, on this one right away in the same group commit. It arrives as a command with
     /// [`crate::Origin::FollowUp`]; chains of follow-ups must end.
     pub fn follow_up(&mut self, key: &[u8], payload: Vec<u8>) {
         let destination = self.partition_of(key);

@@ -14,6 +14,7 @@ use crate::{AppId, CommandId, EngineError, PartitionId, Reply, app_bit};
 use crossbeam_channel::{Receiver, Select, Sender, TrySendError, bounded};
 use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -134,6 +135,10 @@ pub(crate) struct PartitionThread {
     pub projection_floors: Vec<Arc<AtomicU64>>,
     writer: Sender<ToWriter>,
     batch: Batch,
+    /// The follow-ups of the current apply, before they are routed.
+    sent: Vec<Outgoing>,
+    /// Follow-ups this partition sent itself and has not applied yet.
+    local: VecDeque<FollowUp>,
     rng: SmallRng,
     records_since_snapshot: u64,
     external_open: bool,
@@ -200,6 +205,8 @@ pub(crate) fn pair(
             first_lsn,
             ..Batch::default()
         },
+        sent: Vec::new(),
+        local: VecDeque::new(),
         rng: SmallRng::from_os_rng(),
         records_since_snapshot: 0,
         external_open: true,
@@ -217,9 +224,17 @@ fn now_ms() -> u64 {
 impl PartitionThread {
     pub fn run(mut self) {
         // Follow-ups that were not acknowledged before the last stop are sent again; destinations skip
-        // the ones they already applied.
+        // the ones they already applied. Those to this partition are applied before anything else, so
+        // that new ones, applied at once, follow them in sequence.
         let resend: Vec<Outgoing> = self.core.unacknowledged().collect();
-        self.batch.sends.extend(resend);
+        for outgoing in resend {
+            if outgoing.destination == self.core.partition {
+                self.local.push_back(outgoing.follow_up);
+            } else {
+                self.batch.sends.push(outgoing);
+            }
+        }
+        self.apply_local();
         // Select borrows the channels while the loop body mutates self: hold clones (same channels).
         let (internal, external, writer) = (
             self.internal.clone(),
@@ -379,6 +394,7 @@ impl PartitionThread {
                 }
                 let envelope = self.stamp(app, Origin::Client { command_id });
                 let reply = self.apply(&envelope, &payload).to_vec();
+                self.apply_local();
                 self.release(Release::Reply(reply_to, Reply::Applied(reply)));
             }
             Request::Query(query) => {
@@ -392,21 +408,52 @@ impl PartitionThread {
         }
     }
 
-    /// Applies one command into the current batch: frame, events and follow-ups.
+    /// Applies one command into the current batch: frame, events and follow-ups. Follow-ups to other
+    /// partitions wait in the batch until it is durable; those to this partition go to `self.local`,
+    /// for [`Self::apply_local`] right after.
     fn apply(&mut self, envelope: &Envelope, payload: &[u8]) -> &[u8] {
+        let here = self.core.partition;
         let start = begin_record(&mut self.batch.frames, envelope, payload);
-        let reply = self.core.apply(
-            envelope,
-            payload,
-            &mut self.batch.frames,
-            &mut self.batch.sends,
-        );
+        let reply = self
+            .core
+            .apply(envelope, payload, &mut self.batch.frames, &mut self.sent);
+        for outgoing in self.sent.drain(..) {
+            if outgoing.destination == here {
+                self.local.push_back(outgoing.follow_up);
+            } else {
+                self.batch.sends.push(outgoing);
+            }
+        }
         finish_record(&mut self.batch.frames, start);
         self.batch.record_count += 1;
         self.batch.apps |= app_bit(envelope.app);
         self.records_since_snapshot += 1;
         self.metrics.commands_applied.inc();
         reply
+    }
+
+    /// Applies the follow-ups this partition sent itself, and those they send in turn, in the order sent;
+    /// each is acknowledged at once.
+    ///
+    /// They need not wait for durability like follow-ups to other partitions: a follow-up's record lands
+    /// in this partition's journal after its cause, so no crash keeps it without its cause, and replay
+    /// rebuilds both. Nothing of either leaves the partition (replies, events, sends) before the batch
+    /// holding them is durable.
+    fn apply_local(&mut self) {
+        while let Some(follow_up) = self.local.pop_front() {
+            let FollowUp {
+                source,
+                seq,
+                app,
+                ref payload,
+            } = follow_up;
+            debug_assert_eq!(source, self.core.partition);
+            if !self.core.already_applied(source, seq) {
+                let envelope = self.stamp(app, Origin::FollowUp { source, seq });
+                self.apply(&envelope, payload);
+            }
+            self.core.acknowledge(source, seq);
+        }
     }
 
     fn handle_internal(&mut self, message: Internal) -> Option<Sender<Result<(), String>>> {
@@ -419,6 +466,7 @@ impl PartitionThread {
                     };
                     let envelope = self.stamp(follow_up.app, origin);
                     self.apply(&envelope, &follow_up.payload);
+                    self.apply_local();
                 }
                 // Acknowledged once this batch is durable; a resend of an applied one is acknowledged too.
                 self.batch.acks.push((follow_up.source, follow_up.seq));
