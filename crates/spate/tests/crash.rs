@@ -119,7 +119,7 @@ fn run_seed(seed: u64) {
     // Small segments and frequent snapshots, so that recovery exercises snapshot + replay + segment release.
     // One partition in every other run: then every transfer's credit is a follow-up the partition sends
     // itself and applies at once, in the same group commit as its debit.
-    let partitions = if seed % 2 == 0 { "1" } else { "3" };
+    let partitions = if seed.is_multiple_of(2) { "1" } else { "3" };
     let args = [
         "--snapshot-interval-records",
         "300",
