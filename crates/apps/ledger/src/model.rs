@@ -22,8 +22,10 @@ pub struct ParticipantView {
 
 #[derive(Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LedgerModel {
-    /// Every transfer's state (the rest of a transfer is on its partition).
-    pub transfers: HashMap<TransferId, TransferState>,
+    /// The state of each transfer not yet COMMITTED or ABORTED. A final state never changes, so final
+    /// transfers are only counted: the model's memory follows the transfers in flight, not all ever
+    /// made (the rest of a transfer is on its partition).
+    pub open_transfers: HashMap<TransferId, TransferState>,
     pub participants: HashMap<Name, ParticipantView>,
     /// Transfers in each state, indexed by [`state_index`].
     transfer_counts: [u64; STATE_NAMES.len()],
@@ -87,13 +89,16 @@ impl LedgerModel {
             }
             Event::TransferPrepared { id, .. } => {
                 self.transfer_counts[state_index(TransferState::Received)] += 1;
-                self.transfers.insert(id, TransferState::Received);
+                self.open_transfers.insert(id, TransferState::Received);
             }
             Event::TransferChanged { id, state } => {
-                if let Some(known) = self.transfers.get_mut(&id) {
+                if let Some(known) = self.open_transfers.get_mut(&id) {
                     self.transfer_counts[state_index(*known)] -= 1;
                     self.transfer_counts[state_index(state)] += 1;
                     *known = state;
+                    if state.is_final() {
+                        self.open_transfers.remove(&id);
+                    }
                 }
             }
         }
