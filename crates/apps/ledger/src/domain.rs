@@ -154,7 +154,46 @@ pub struct Participant {
     pub ndc: Amount,
     pub position: Amount,
     pub reserved: Amount,
-    pub entries: Vec<Entry>,
+    pub entries: EntryLog,
+}
+
+/// A participant's position changes, oldest first, in chunks of fixed capacity: appending never moves
+/// what is already there, where one growing vector of millions of entries would copy them all (and stall
+/// the partition) each time it doubles.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryLog {
+    chunks: Vec<Vec<Entry>>,
+}
+
+impl EntryLog {
+    const CHUNK_ENTRIES: usize = 4096;
+
+    pub fn push(&mut self, entry: Entry) {
+        match self.chunks.last_mut() {
+            Some(chunk) if chunk.len() < Self::CHUNK_ENTRIES => chunk.push(entry),
+            _ => {
+                let mut chunk = Vec::with_capacity(Self::CHUNK_ENTRIES);
+                chunk.push(entry);
+                self.chunks.push(chunk);
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.chunks.last().map_or(0, |last| {
+            (self.chunks.len() - 1) * Self::CHUNK_ENTRIES + last.len()
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    /// The entries from position `offset` on, oldest first.
+    pub fn iter_from(&self, offset: usize) -> impl Iterator<Item = &Entry> {
+        let (chunk, within) = (offset / Self::CHUNK_ENTRIES, offset % Self::CHUNK_ENTRIES);
+        self.chunks.iter().skip(chunk).flatten().skip(within)
+    }
 }
 
 /// Everything a partition can be asked to do. The six after `Tick` only ever arrive as follow-ups.
@@ -472,7 +511,7 @@ impl LedgerPartition {
                 ndc,
                 position: 0,
                 reserved: 0,
-                entries: Vec::new(),
+                entries: EntryLog::default(),
             },
         );
         Reply::Participant(name)

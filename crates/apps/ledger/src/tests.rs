@@ -375,9 +375,10 @@ impl Sim {
                 "{name} position"
             );
             assert_eq!(
-                p.entries.iter().map(|e| e.change).sum::<Amount>(),
+                p.entries.iter_from(0).map(|e| e.change).sum::<Amount>(),
                 p.position
             );
+            assert_eq!(p.entries.len(), p.entries.iter_from(0).count());
             sum += p.position;
         }
         assert_eq!(sum, 0, "positions always sum to what they started at");
@@ -503,4 +504,31 @@ fn unknown_payee_and_payer_are_refused_without_moving_money() {
     for name in PARTICIPANTS {
         assert_eq!(sim.participant(name).reserved, 0);
     }
+}
+
+#[test]
+fn the_entry_log_pages_across_its_chunks() {
+    let mut log = crate::domain::EntryLog::default();
+    assert!(log.is_empty());
+    let count = 10_000;
+    for n in 0..count {
+        log.push(crate::domain::Entry {
+            transfer: n as TransferId,
+            change: 1,
+            position_after: n as Amount + 1,
+            timestamp_ms: n,
+        });
+    }
+    assert_eq!(log.len(), count as usize);
+    for offset in [0, 1, 4095, 4096, 4097, 8191, 8192, 9999] {
+        let page: Vec<u64> = log
+            .iter_from(offset)
+            .take(3)
+            .map(|e| e.timestamp_ms)
+            .collect();
+        let expected: Vec<u64> = (offset as u64..count).take(3).collect();
+        assert_eq!(page, expected, "page at {offset}");
+    }
+    assert_eq!(log.iter_from(count as usize).count(), 0);
+    assert_eq!(log.iter_from(usize::MAX / 2).count(), 0);
 }

@@ -271,7 +271,7 @@ async fn get_entries(
     let found = ledger
         .read(&Owner::Participant(name.as_str().into()), move |state| {
             state.ledger.participant(&lookup).map(|p| {
-                let page: Vec<_> = p.entries.iter().skip(offset).take(limit).copied().collect();
+                let page: Vec<_> = p.entries.iter_from(offset).take(limit).copied().collect();
                 (p.currency.clone(), p.entries.len(), page)
             })
         })
