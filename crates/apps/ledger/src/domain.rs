@@ -258,6 +258,10 @@ pub enum Command {
     /// (for the transfers this partition owns) or the steps one command sent to this partition. A batch
     /// never holds a batch.
     Batch(Vec<Command>),
+    /// A prepare whose payee the server has seen created with the transfer's currency. Participants are
+    /// never removed and their currency never changes, so the payee check is skipped: the payer's
+    /// reservation is the only step before the answer.
+    PrepareKnownPayee(TransferSpec),
 }
 
 /// Where a follow-up goes: the partition that owns this key.
@@ -410,7 +414,8 @@ impl LedgerPartition {
                 ndc,
             } => self.create_participant(name, currency, ndc, out),
             Command::SetNdc { name, ndc } => self.set_ndc(name, ndc, out),
-            Command::Prepare(spec) => self.prepare(spec, now_ms, out),
+            Command::Prepare(spec) => self.prepare(spec, false, now_ms, out),
+            Command::PrepareKnownPayee(spec) => self.prepare(spec, true, now_ms, out),
             Command::Fulfil {
                 id,
                 source,
@@ -542,7 +547,13 @@ impl LedgerPartition {
         Reply::Participant(name)
     }
 
-    fn prepare(&mut self, spec: TransferSpec, now_ms: u64, out: &mut Output) -> Reply {
+    fn prepare(
+        &mut self,
+        spec: TransferSpec,
+        payee_known: bool,
+        now_ms: u64,
+        out: &mut Output,
+    ) -> Reply {
         if let Some(existing) = self.transfers.get(&spec.id) {
             return if existing.spec.content_hash == spec.content_hash {
                 Reply::Transfer(spec.id, existing.state)
@@ -566,16 +577,29 @@ impl LedgerPartition {
             });
         }
         let id = spec.id;
-        out.follow_ups.push((
-            Owner::Participant(spec.payee.clone()),
-            Command::CheckPayee {
-                id,
-                payee: spec.payee.clone(),
-                payer: spec.payer.clone(),
-                currency: spec.currency.clone(),
-                amount: spec.amount,
-            },
-        ));
+        let first_step = if payee_known {
+            (
+                Owner::Participant(spec.payer.clone()),
+                Command::Reserve {
+                    id,
+                    payer: spec.payer.clone(),
+                    currency: spec.currency.clone(),
+                    amount: spec.amount,
+                },
+            )
+        } else {
+            (
+                Owner::Participant(spec.payee.clone()),
+                Command::CheckPayee {
+                    id,
+                    payee: spec.payee.clone(),
+                    payer: spec.payer.clone(),
+                    currency: spec.currency.clone(),
+                    amount: spec.amount,
+                },
+            )
+        };
+        out.follow_ups.push(first_step);
         self.expiries.insert((spec.expiration_ms, id));
         out.events.push(Event::TransferPrepared {
             id,

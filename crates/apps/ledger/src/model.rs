@@ -3,7 +3,7 @@
 //! participants are read from their partitions). The projection also wakes the requests waiting for a
 //! prepared transfer's reservation.
 
-use crate::domain::{Amount, Event, Name, TransferId, TransferState};
+use crate::domain::{Amount, Command, Event, Name, TransferId, TransferSpec, TransferState};
 use crate::state::{decode, encode, read_prefixed, write_prefixed};
 use serde::{Deserialize, Serialize};
 use spate_engine::{Lsn, PartitionId, Projection};
@@ -44,6 +44,15 @@ fn state_index(state: TransferState) -> usize {
 }
 
 impl LedgerModel {
+    /// The prepare command for `spec`: one that skips the payee check when this model has seen the payee
+    /// created with the transfer's currency (which then holds forever).
+    pub fn prepare_command(&self, spec: TransferSpec) -> Command {
+        match self.participants.get(&spec.payee) {
+            Some(payee) if payee.currency == spec.currency => Command::PrepareKnownPayee(spec),
+            _ => Command::Prepare(spec),
+        }
+    }
+
     pub fn transfers_in(&self, state: TransferState) -> u64 {
         self.transfer_counts[state_index(state)]
     }

@@ -54,6 +54,7 @@ fn from_clients(command: &Command) -> bool {
         Command::CreateParticipant { .. }
             | Command::SetNdc { .. }
             | Command::Prepare(_)
+            | Command::PrepareKnownPayee(_)
             | Command::Fulfil { .. }
             | Command::Reject { .. }
             | Command::Tick

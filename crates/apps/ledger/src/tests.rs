@@ -36,6 +36,8 @@ enum Op {
         payee: usize,
         amount: Amount,
         expires_in_ms: u64,
+        /// Sent as the server does once its read model has seen the payee (every payee here exists).
+        payee_known: bool,
     },
     Fulfil {
         transfer: usize,
@@ -70,7 +72,7 @@ fn op() -> impl Strategy<Value = Op> {
 
 fn single_op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0..4usize, 0..4usize, 1..400i128, 1..300u64).prop_map(|(payer, payee, amount, expires_in_ms)| Op::Prepare { payer, payee, amount, expires_in_ms }),
+        4 => (0..4usize, 0..4usize, 1..400i128, 1..300u64, any::<bool>()).prop_map(|(payer, payee, amount, expires_in_ms, payee_known)| Op::Prepare { payer, payee, amount, expires_in_ms, payee_known }),
         3 => (0..64usize, prop::bool::weighted(0.9), prop::bool::weighted(0.9)).prop_map(|(transfer, right_fulfilment, by_payee)| Op::Fulfil { transfer, right_fulfilment, by_payee }),
         1 => (0..64usize).prop_map(|transfer| Op::Reject { transfer }),
         1 => Just(Op::Tick),
@@ -172,6 +174,7 @@ impl Sim {
                 payee,
                 amount,
                 expires_in_ms,
+                payee_known,
             } => {
                 let n = self.attempts;
                 self.attempts += 1;
@@ -186,7 +189,12 @@ impl Sim {
                     content_hash: n as u64,
                 };
                 let owner = Owner::Transfer(spec.id);
-                Some((owner, Command::Prepare(spec.clone()), Some(spec)))
+                let command = if payee_known {
+                    Command::PrepareKnownPayee(spec.clone())
+                } else {
+                    Command::Prepare(spec.clone())
+                };
+                Some((owner, command, Some(spec)))
             }
             Op::Fulfil {
                 transfer,
@@ -420,12 +428,14 @@ fn a_reservation_over_the_cap_is_refused_with_4001_and_frees_nothing() {
         payee: 1,
         amount: 60,
         expires_in_ms: 500,
+        payee_known: false,
     });
     sim.run(&Op::Prepare {
         payer: 0,
         payee: 2,
         amount: 50,
         expires_in_ms: 500,
+        payee_known: false,
     });
     while sim.deliver(0) {}
     let states: Vec<TransferState> = sim.prepared.iter().map(|s| sim.state_of(s.id)).collect();
@@ -451,6 +461,7 @@ fn fulfil_after_expiry_gets_3303_and_releases_the_reservation() {
         payee: 1,
         amount: 40,
         expires_in_ms: 50,
+        payee_known: true,
     });
     while sim.deliver(0) {}
     let spec = sim.prepared[0].clone();

@@ -123,34 +123,47 @@ pub(super) async fn batch(State(ledger): Ctx, body: Bytes) -> Result<Response, A
         )));
     }
     let mut results: Vec<Option<TransferBody>> = (0..operations.len()).map(|_| None).collect();
-    let mut shares: Vec<PartitionShare> = Vec::new();
+    // Parsed before the model is locked: the projection waits for that lock.
+    let parsed: Vec<_> = operations.iter().map(|op| batch_command(op)).collect();
     let mut prepared: Vec<(usize, TransferId)> = Vec::new();
-    for (slot, operation) in operations.iter().enumerate() {
-        let (id, command) = match batch_command(operation) {
-            Ok(parsed) => parsed,
-            Err(error) => {
-                results[slot] = Some(failed_operation(None, error));
-                continue;
-            }
-        };
-        if matches!(command, Command::Prepare(_)) {
-            prepared.push((slot, id));
+    let shares = {
+        let model = ledger
+            .model
+            .read()
+            .expect("the ledger model lock is never poisoned");
+        let mut shares: Vec<PartitionShare> = Vec::new();
+        for (slot, parsed) in parsed.into_iter().enumerate() {
+            let (id, command) = match parsed {
+                Ok(parsed) => parsed,
+                Err(error) => {
+                    results[slot] = Some(failed_operation(None, error));
+                    continue;
+                }
+            };
+            let command = match command {
+                Command::Prepare(spec) => {
+                    prepared.push((slot, id));
+                    model.prepare_command(spec)
+                }
+                other => other,
+            };
+            let partition = ledger.engine.partition_of(&owner_key(&Owner::Transfer(id)));
+            let share = match shares.iter().position(|s| s.partition == partition) {
+                Some(index) => &mut shares[index],
+                None => {
+                    shares.push(PartitionShare {
+                        partition,
+                        slots: Vec::new(),
+                        commands: Vec::new(),
+                    });
+                    shares.last_mut().expect("just pushed")
+                }
+            };
+            share.slots.push((slot, id));
+            share.commands.push(command);
         }
-        let partition = ledger.engine.partition_of(&owner_key(&Owner::Transfer(id)));
-        let share = match shares.iter().position(|s| s.partition == partition) {
-            Some(index) => &mut shares[index],
-            None => {
-                shares.push(PartitionShare {
-                    partition,
-                    slots: Vec::new(),
-                    commands: Vec::new(),
-                });
-                shares.last_mut().expect("just pushed")
-            }
-        };
-        share.slots.push((slot, id));
-        share.commands.push(command);
-    }
+        shares
+    };
     let (_waiting, receivers) = Waiting::register(
         &ledger.waiters,
         prepared.iter().map(|&(_, id)| id).collect(),

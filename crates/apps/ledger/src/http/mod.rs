@@ -414,10 +414,12 @@ async fn prepare(State(ledger): Ctx, body: Bytes) -> Result<Response, ApiError> 
     let id = spec.id;
     let (_waiting, mut reservations) = Waiting::register(&ledger.waiters, vec![id]);
     let reservation = reservations.pop().expect("one waiter per id");
-    match ledger
-        .submit(&Owner::Transfer(id), &Command::Prepare(spec))
-        .await?
-    {
+    let command = ledger
+        .model
+        .read()
+        .expect("the ledger model lock is never poisoned")
+        .prepare_command(spec);
+    match ledger.submit(&Owner::Transfer(id), &command).await? {
         Reply::Transfer(_, TransferState::Received) => {
             match tokio::time::timeout(RESERVATION_WAIT, reservation).await {
                 Ok(Ok(state)) => settled(id, state),
