@@ -30,10 +30,16 @@ pub struct Effects<'a> {
     pub(crate) reply: &'a mut Vec<u8>,
     pub(crate) events: &'a mut Vec<u8>,
     pub(crate) follow_ups: &'a mut Vec<FollowUpRequest>,
+    pub(crate) partition: PartitionId,
     pub(crate) partition_count: u16,
 }
 
 impl Effects<'_> {
+    /// The partition applying this command.
+    pub fn partition(&self) -> PartitionId {
+        self.partition
+    }
+
     /// The reply buffer, empty when apply starts. Its bytes go back to the caller once the command is durable.
     pub fn reply(&mut self) -> &mut Vec<u8> {
         self.reply

@@ -179,6 +179,7 @@ impl Core {
             reply: &mut self.reply,
             events,
             follow_ups: &mut self.follow_ups,
+            partition: self.partition,
             partition_count: self.partition_count,
         };
         state.apply(

@@ -315,6 +315,13 @@ pub enum Reply {
     Batch(Vec<Reply>),
 }
 
+/// What a partition knows besides a command: the time (the command's timestamp) and which owners it
+/// holds, so a step whose owner is here can be taken at once instead of sent.
+pub struct Context<'a> {
+    pub now_ms: u64,
+    pub here: &'a dyn Fn(&Owner) -> bool,
+}
+
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Output {
     pub reply: Option<Reply>,
@@ -384,7 +391,7 @@ impl LedgerPartition {
     }
 
     /// Applies one command at `now_ms`. Client commands get a reply; follow-ups and ticks get `Done`.
-    pub fn apply(&mut self, command: Command, now_ms: u64) -> Output {
+    pub fn apply(&mut self, command: Command, at: &Context<'_>) -> Output {
         let mut out = Output::default();
         let reply = match command {
             Command::Batch(commands) => Reply::Batch(
@@ -395,17 +402,18 @@ impl LedgerPartition {
                             code: ErrorCode::Validation,
                             message: "a batch cannot hold a batch".into(),
                         }),
-                        command => self.apply_one(command, now_ms, &mut out),
+                        command => self.apply_one(command, at, &mut out),
                     })
                     .collect(),
             ),
-            command => self.apply_one(command, now_ms, &mut out),
+            command => self.apply_one(command, at, &mut out),
         };
         out.reply = Some(reply);
         out
     }
 
-    fn apply_one(&mut self, command: Command, now_ms: u64, out: &mut Output) -> Reply {
+    fn apply_one(&mut self, command: Command, at: &Context<'_>, out: &mut Output) -> Reply {
+        let now_ms = at.now_ms;
         match command {
             Command::Batch(_) => unreachable!("apply unpacks batches"),
             Command::CreateParticipant {
@@ -414,8 +422,8 @@ impl LedgerPartition {
                 ndc,
             } => self.create_participant(name, currency, ndc, out),
             Command::SetNdc { name, ndc } => self.set_ndc(name, ndc, out),
-            Command::Prepare(spec) => self.prepare(spec, false, now_ms, out),
-            Command::PrepareKnownPayee(spec) => self.prepare(spec, true, now_ms, out),
+            Command::Prepare(spec) => self.prepare(spec, false, at, out),
+            Command::PrepareKnownPayee(spec) => self.prepare(spec, true, at, out),
             Command::Fulfil {
                 id,
                 source,
@@ -551,9 +559,10 @@ impl LedgerPartition {
         &mut self,
         spec: TransferSpec,
         payee_known: bool,
-        now_ms: u64,
+        at: &Context<'_>,
         out: &mut Output,
     ) -> Reply {
+        let (now_ms, here) = (at.now_ms, at.here);
         if let Some(existing) = self.transfers.get(&spec.id) {
             return if existing.spec.content_hash == spec.content_hash {
                 Reply::Transfer(spec.id, existing.state)
@@ -577,36 +586,19 @@ impl LedgerPartition {
             });
         }
         let id = spec.id;
-        let first_step = if payee_known {
-            (
-                Owner::Participant(spec.payer.clone()),
-                Command::Reserve {
-                    id,
-                    payer: spec.payer.clone(),
-                    currency: spec.currency.clone(),
-                    amount: spec.amount,
-                },
-            )
-        } else {
-            (
-                Owner::Participant(spec.payee.clone()),
-                Command::CheckPayee {
-                    id,
-                    payee: spec.payee.clone(),
-                    payer: spec.payer.clone(),
-                    currency: spec.currency.clone(),
-                    amount: spec.amount,
-                },
-            )
-        };
-        out.follow_ups.push(first_step);
+        let (payer, payee, currency, amount) = (
+            spec.payer.clone(),
+            spec.payee.clone(),
+            spec.currency.clone(),
+            spec.amount,
+        );
         self.expiries.insert((spec.expiration_ms, id));
         out.events.push(Event::TransferPrepared {
             id,
-            payer: spec.payer.clone(),
-            payee: spec.payee.clone(),
-            currency: spec.currency.clone(),
-            amount: spec.amount,
+            payer: payer.clone(),
+            payee: payee.clone(),
+            currency: currency.clone(),
+            amount,
         });
         self.transfers.insert(
             id,
@@ -620,6 +612,36 @@ impl LedgerPartition {
             id,
             state: TransferState::Received,
         });
+        let payer_owner = Owner::Participant(payer.clone());
+        if payee_known && here(&payer_owner) {
+            // The payer is on this partition too: reserve now and answer with the outcome, no steps.
+            let refusal = self.reserve(id, &payer, &currency, amount, out);
+            self.reserve_result(id, refusal, now_ms, out);
+            return Reply::Transfer(id, self.transfers[&id].state);
+        }
+        let first_step = if payee_known {
+            (
+                payer_owner,
+                Command::Reserve {
+                    id,
+                    payer,
+                    currency,
+                    amount,
+                },
+            )
+        } else {
+            (
+                Owner::Participant(payee.clone()),
+                Command::CheckPayee {
+                    id,
+                    payee,
+                    payer,
+                    currency,
+                    amount,
+                },
+            )
+        };
+        out.follow_ups.push(first_step);
         Reply::Transfer(id, TransferState::Received)
     }
 

@@ -1,7 +1,7 @@
 //! The ledger on the engine: commands, replies and events as postcard bytes, follow-ups routed by owner,
 //! and the partition's snapshot.
 
-use crate::domain::{Command, Event, LedgerPartition, Owner, Reply, group_follow_ups};
+use crate::domain::{Command, Context, Event, LedgerPartition, Owner, Reply, group_follow_ups};
 use spate_engine::wire::{ReadLe, WriteLe};
 use spate_engine::{Effects, Origin, StateMachine};
 use std::io;
@@ -92,7 +92,14 @@ impl StateMachine for LedgerState {
                 })
             }
             Ok(decoded) => {
-                let out = self.ledger.apply(decoded, command.envelope.timestamp_ms);
+                let here_partition = effects.partition();
+                let here =
+                    |owner: &Owner| effects.partition_of(&owner_key(owner)) == here_partition;
+                let context = Context {
+                    now_ms: command.envelope.timestamp_ms,
+                    here: &here,
+                };
+                let out = self.ledger.apply(decoded, &context);
                 for event in &out.events {
                     effects.emit(&encode::<Event>(event));
                 }

@@ -4,7 +4,7 @@
 //! batches), ticks, cap changes and the clock moving on in between.
 
 use crate::domain::{
-    AbortReason, Amount, Command, ErrorCode, Event, LedgerPartition, Output, Owner, Reply,
+    AbortReason, Amount, Command, Context, ErrorCode, Event, LedgerPartition, Output, Owner, Reply,
     TransferId, TransferSpec, TransferState, group_follow_ups,
 };
 use proptest::prelude::*;
@@ -123,9 +123,20 @@ impl Sim {
         sim
     }
 
+    /// Applies `command` on partition `at` as the engine would: at the current time, with the owners
+    /// that partition holds.
+    fn apply_at(&mut self, at: usize, command: Command) -> Output {
+        let here = |owner: &Owner| partition_of(owner) == at;
+        let context = Context {
+            now_ms: self.now_ms,
+            here: &here,
+        };
+        self.partitions[at].apply(command, &context)
+    }
+
     fn apply(&mut self, owner: &Owner, command: Command) -> Reply {
         let at = partition_of(owner);
-        let out = self.partitions[at].apply(command, self.now_ms);
+        let out = self.apply_at(at, command);
         self.record(at, out)
     }
 
@@ -157,7 +168,7 @@ impl Sim {
         }
         let lane = busy[pick % busy.len()];
         let command = self.lanes.get_mut(&lane).unwrap().pop_front().unwrap();
-        let out = self.partitions[lane.1].apply(command, self.now_ms);
+        let out = self.apply_at(lane.1, command);
         match self.record(lane.1, out) {
             Reply::Done => {}
             Reply::Batch(replies) => assert!(replies.iter().all(|r| *r == Reply::Done)),
@@ -239,14 +250,14 @@ impl Sim {
         }
         for (at, share) in shares {
             let (commands, specs): (Vec<_>, Vec<_>) = share.into_iter().unzip();
-            let out = self.partitions[at].apply(Command::Batch(commands), self.now_ms);
+            let out = self.apply_at(at, Command::Batch(commands));
             let Reply::Batch(replies) = self.record(at, out) else {
                 panic!("a batch is answered with a batch");
             };
             assert_eq!(replies.len(), specs.len(), "one reply per command");
             for (spec, reply) in specs.into_iter().zip(replies) {
                 if let Some(spec) = spec
-                    && reply == Reply::Transfer(spec.id, TransferState::Received)
+                    && matches!(reply, Reply::Transfer(id, _) if id == spec.id)
                 {
                     self.prepared.push(spec);
                 }
@@ -256,14 +267,37 @@ impl Sim {
 
     fn run(&mut self, op: &Op) {
         match *op {
-            Op::Prepare { payer, payee, .. } => {
+            Op::Prepare {
+                payer,
+                payee,
+                payee_known,
+                ..
+            } => {
                 let (owner, command, spec) = self.client_command(op).expect("a prepare");
                 let spec = spec.expect("a prepare prepares");
                 let reply = self.apply(&owner, command);
                 if payer == payee {
                     assert!(matches!(reply, Reply::Refused(r) if r.code == ErrorCode::Validation));
                 } else {
-                    assert_eq!(reply, Reply::Transfer(spec.id, TransferState::Received));
+                    // Taken at once when the payee is known and the payer is on the transfer's
+                    // partition; otherwise the reservation is on its way.
+                    let payer_here = partition_of(&Owner::Participant(spec.payer.clone()))
+                        == partition_of(&owner);
+                    let refused =
+                        TransferState::Aborted(AbortReason::Refused(ErrorCode::PayerLiquidity));
+                    match reply {
+                        Reply::Transfer(id, state) if payee_known && payer_here => {
+                            assert_eq!(id, spec.id);
+                            assert!(
+                                state == TransferState::Reserved || state == refused,
+                                "{state:?}"
+                            );
+                            assert_eq!(self.state_of(id), state);
+                        }
+                        reply => {
+                            assert_eq!(reply, Reply::Transfer(spec.id, TransferState::Received))
+                        }
+                    }
                     // A resent prepare answers the current state; a modified one is refused.
                     let again = self.apply(&owner, Command::Prepare(spec.clone()));
                     assert!(matches!(again, Reply::Transfer(id, _) if id == spec.id));
@@ -304,7 +338,7 @@ impl Sim {
             Op::Batch(ref ops) => self.run_batch(ops),
             Op::Tick => {
                 for partition in 0..PARTITIONS {
-                    let out = self.partitions[partition].apply(Command::Tick, self.now_ms);
+                    let out = self.apply_at(partition, Command::Tick);
                     self.record(partition, out);
                 }
             }
