@@ -14,6 +14,11 @@
 //! Reject / expiry ─▶ [transfer] ABORTED ──Release──▶ [payer] reserved -= amount
 //! ```
 //!
+//! Two shortcuts, both exact: `PrepareKnownPayee` (the server's read model has seen the payee created
+//! with this currency, which holds forever) skips `CheckPayee`; and when the payer is also on the
+//! transfer's partition ([`Context::here`]) that prepare reserves at once and answers RESERVED or the
+//! refusal, with no step sent at all.
+//!
 //! The transfer's partition decides every state change, once; the participants' partitions only move
 //! money as told. So a transfer reaches COMMITTED or ABORTED at most once, and the positions of all
 //! participants sum to the same total whenever no follow-up is in flight.
