@@ -703,3 +703,52 @@ fn the_read_model_is_rebuilt_from_every_event_only_when_the_journal_kept_them() 
     );
     assert!(dir.path().join("projections/ledger.snap").exists());
 }
+
+#[test]
+fn a_full_ledger_refuses_new_prepares_and_keeps_serving_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
+        dir.path(),
+        &["--apps", "ledger", "--ledger-transfers-max", "3"],
+        None,
+    );
+    let (agent, base) = (agent(), server.base.clone());
+    create(&agent, &base, "dfspa", "1000");
+    create(&agent, &base, "dfspb", "1000");
+    for n in 1..=3 {
+        let (status, body) = post(
+            &agent,
+            &format!("{base}/transfers"),
+            &prepare_body(n, "dfspa", "dfspb", "10", 60_000),
+        );
+        assert_eq!(status, 201, "{body}");
+    }
+    // The limit is read from the read model; wait until it counts all three.
+    assert_eq!(
+        caught_up_read_model(&agent, &base)["transfers"]["RESERVED"],
+        3
+    );
+    assert_error(
+        post(
+            &agent,
+            &format!("{base}/transfers"),
+            &prepare_body(4, "dfspa", "dfspb", "10", 60_000),
+        ),
+        503,
+        "2003",
+        "--ledger-transfers-max",
+    );
+    // In a batch only the prepare is refused; the fulfil next to it commits.
+    let batch = json!({"operations": [
+        {"prepare": prepare_body(5, "dfspa", "dfspb", "10", 60_000)},
+        {"fulfil": {"transferId": transfer_id(1), "source": "dfspb", "fulfilment": b64(&fulfilment(1))}},
+    ]});
+    let (status, body) = post(&agent, &format!("{base}/transfers/batch"), &batch);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["results"][0]["error"]["code"], "2003", "{body}");
+    assert_eq!(body["results"][1]["transferState"], "COMMITTED", "{body}");
+    let (status, body) = get(&agent, &format!("{base}/transfers/{}", transfer_id(4)));
+    assert_eq!(status, 404, "the refused prepare left nothing: {body}");
+    assert_eq!(participant(&agent, &base, "dfspa")["position"], "10");
+    assert_eq!(participant(&agent, &base, "dfspa")["reserved"], "20");
+}

@@ -57,6 +57,8 @@ pub enum ErrorCode {
     ParticipantExists,
     /// 3201: the participant is unknown.
     ParticipantNotFound,
+    /// 2003: the server cannot take this now (the ledger holds as many transfers as it may).
+    ServiceUnavailable,
 }
 
 impl ErrorCode {
@@ -71,6 +73,7 @@ impl ErrorCode {
             Self::PayerLiquidity => 4001,
             Self::ParticipantExists => 3003,
             Self::ParticipantNotFound => 3201,
+            Self::ServiceUnavailable => 2003,
         }
     }
 }

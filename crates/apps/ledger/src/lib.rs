@@ -27,7 +27,14 @@ use std::sync::{Arc, Mutex, RwLock};
 pub const APP_ID: spate_engine::AppId = 2;
 pub const APP_NAME: &str = "ledger";
 
-pub fn module() -> AppModule {
+/// Transfers the ledger holds before it refuses new prepares (`--ledger-transfers-max`): about 10 GB
+/// at the ~500 bytes each one costs in memory, since nothing is archived yet.
+pub const TRANSFERS_MAX_DEFAULT: u64 = 20_000_000;
+
+/// The ledger, refusing new prepares (2003, HTTP 503) once it holds `transfers_max` transfers: every
+/// transfer stays in memory, and a refusal is better than a process the kernel kills for memory and
+/// that then cannot replay its journal into the same memory.
+pub fn module(transfers_max: u64) -> AppModule {
     let model = Arc::new(RwLock::new(model::LedgerModel::default()));
     let waiters: model::Waiters = Arc::new(Mutex::new(Default::default()));
     let spec = AppSpec {
@@ -42,6 +49,6 @@ pub fn module() -> AppModule {
     };
     AppModule {
         spec,
-        routes: Box::new(move |engine, _| Ok(http::routes(engine, model, waiters))),
+        routes: Box::new(move |engine, _| Ok(http::routes(engine, model, waiters, transfers_max))),
     }
 }

@@ -5,8 +5,8 @@ use super::parse::{
     transfer_spec, validation,
 };
 use super::{
-    Ctx, RESERVATION_WAIT, TransferBody, Waiting, failed_operation, reservation_refusal,
-    transfer_body, unexpected,
+    Ctx, RESERVATION_WAIT, TransferBody, Waiting, failed_operation, prepare_command,
+    reservation_refusal, transfer_body, unexpected,
 };
 use crate::APP_ID;
 use crate::domain::{Command, Owner, Refusal, Reply, TransferId, TransferState};
@@ -142,8 +142,16 @@ pub(super) async fn batch(State(ledger): Ctx, body: Bytes) -> Result<Response, A
             };
             let command = match command {
                 Command::Prepare(spec) => {
-                    prepared.push((slot, id));
-                    model.prepare_command(spec)
+                    match prepare_command(&model, ledger.transfers_max, spec) {
+                        Ok(command) => {
+                            prepared.push((slot, id));
+                            command
+                        }
+                        Err(error) => {
+                            results[slot] = Some(failed_operation(Some(id), error));
+                            continue;
+                        }
+                    }
                 }
                 other => other,
             };

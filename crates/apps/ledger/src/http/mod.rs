@@ -13,7 +13,8 @@ pub use batch::BATCH_OPERATIONS_MAX;
 
 use crate::amount;
 use crate::domain::{
-    AbortReason, Amount, Command, ErrorCode, Name, Refusal, Reply, TransferId, TransferState,
+    AbortReason, Amount, Command, ErrorCode, Name, Refusal, Reply, TransferId, TransferSpec,
+    TransferState,
 };
 use crate::model::{LedgerModel, Waiters};
 use crate::state::{LedgerState, decode, encode, owner_key};
@@ -48,6 +49,8 @@ struct Ledger {
     engine: EngineHandle,
     model: Arc<RwLock<LedgerModel>>,
     waiters: Waiters,
+    /// New prepares are refused once the read model counts this many transfers.
+    transfers_max: u64,
 }
 
 type Ctx = State<Arc<Ledger>>;
@@ -86,6 +89,26 @@ impl Ledger {
         .await?
         .ok_or_else(|| no_participant(name))
     }
+}
+
+/// The command for a new prepare, or the refusal when the ledger is full. The count comes from the read
+/// model, which may lag by a group commit, so the limit can be passed by what is in flight: it guards
+/// memory, not an exact figure.
+fn prepare_command(
+    model: &LedgerModel,
+    transfers_max: u64,
+    spec: TransferSpec,
+) -> Result<Command, ApiError> {
+    if model.transfers_total() >= transfers_max {
+        return Err(refusal_error(Refusal {
+            code: ErrorCode::ServiceUnavailable,
+            message: format!(
+                "the ledger holds its maximum of {transfers_max} transfers (--ledger-transfers-max); \
+                 every transfer stays in memory, nothing is archived yet"
+            ),
+        }));
+    }
+    Ok(model.prepare_command(spec))
 }
 
 fn no_participant(name: &str) -> ApiError {
@@ -414,11 +437,14 @@ async fn prepare(State(ledger): Ctx, body: Bytes) -> Result<Response, ApiError> 
     let id = spec.id;
     let (_waiting, mut reservations) = Waiting::register(&ledger.waiters, vec![id]);
     let reservation = reservations.pop().expect("one waiter per id");
-    let command = ledger
-        .model
-        .read()
-        .expect("the ledger model lock is never poisoned")
-        .prepare_command(spec);
+    let command = prepare_command(
+        &ledger
+            .model
+            .read()
+            .expect("the ledger model lock is never poisoned"),
+        ledger.transfers_max,
+        spec,
+    )?;
     match ledger.submit(&Owner::Transfer(id), &command).await? {
         Reply::Transfer(_, TransferState::Received) => {
             match tokio::time::timeout(RESERVATION_WAIT, reservation).await {
@@ -553,6 +579,7 @@ pub(crate) fn routes(
     engine: EngineHandle,
     model: Arc<RwLock<LedgerModel>>,
     waiters: Waiters,
+    transfers_max: u64,
 ) -> Router {
     // Tells every partition the time, so due transfers expire without traffic; only while some are
     // RESERVED.
@@ -574,6 +601,7 @@ pub(crate) fn routes(
         engine,
         model,
         waiters,
+        transfers_max,
     });
     Router::new()
         .route(

@@ -22,6 +22,7 @@ pub(super) fn refusal_error(refusal: Refusal) -> ApiError {
         | ErrorCode::PayeeNotFound => StatusCode::BAD_REQUEST,
         ErrorCode::ModifiedRequest | ErrorCode::ParticipantExists => StatusCode::CONFLICT,
         ErrorCode::TransferNotFound | ErrorCode::ParticipantNotFound => StatusCode::NOT_FOUND,
+        ErrorCode::ServiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::PayerLiquidity => StatusCode::UNPROCESSABLE_ENTITY,
     };
     ApiError::new(status, refusal.code.code().to_string(), refusal.message)
