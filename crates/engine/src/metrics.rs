@@ -24,6 +24,11 @@ fn new_fsync_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_01, 2.0, 18))
 }
 
+fn new_snapshot_histogram() -> Histogram {
+    // 1 ms .. ~8 min
+    Histogram::new(exponential_buckets(0.001, 2.0, 20))
+}
+
 fn new_batch_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1.0, 4.0, 10))
 }
@@ -37,6 +42,7 @@ pub(crate) struct EngineMetrics {
     journal_fsync_seconds: Family<PartitionLabel, Histogram, fn() -> Histogram>,
     journal_batch_records: Family<PartitionLabel, Histogram, fn() -> Histogram>,
     journal_failures: Family<PartitionLabel, Counter>,
+    snapshot_seconds: Family<PartitionLabel, Histogram, fn() -> Histogram>,
     queue_depth: Family<PartitionLabel, Gauge>,
     durable_lsn: Family<PartitionLabel, Gauge>,
     projection_lag_records: Family<AppLabel, Gauge>,
@@ -52,6 +58,7 @@ pub(crate) struct PartitionMetrics {
     pub journal_fsync_seconds: Histogram,
     pub journal_batch_records: Histogram,
     pub journal_failures: Counter,
+    pub snapshot_seconds: Histogram,
     pub queue_depth: Gauge,
     pub durable_lsn: Gauge,
 }
@@ -66,6 +73,7 @@ impl EngineMetrics {
             journal_fsync_seconds: Family::new_with_constructor(new_fsync_histogram),
             journal_batch_records: Family::new_with_constructor(new_batch_histogram),
             journal_failures: Family::default(),
+            snapshot_seconds: Family::new_with_constructor(new_snapshot_histogram),
             queue_depth: Family::default(),
             durable_lsn: Family::default(),
             projection_lag_records: Family::default(),
@@ -108,6 +116,11 @@ impl EngineMetrics {
             metrics.journal_failures.clone(),
         );
         r.register(
+            "snapshot_seconds",
+            "Time to write one partition snapshot, during which the partition applies nothing",
+            metrics.snapshot_seconds.clone(),
+        );
+        r.register(
             "queue_depth",
             "Requests waiting in the partition queue",
             metrics.queue_depth.clone(),
@@ -142,6 +155,7 @@ impl EngineMetrics {
             journal_fsync_seconds: self.journal_fsync_seconds.get_or_create(&label).clone(),
             journal_batch_records: self.journal_batch_records.get_or_create(&label).clone(),
             journal_failures: self.journal_failures.get_or_create(&label).clone(),
+            snapshot_seconds: self.snapshot_seconds.get_or_create(&label).clone(),
             queue_depth: self.queue_depth.get_or_create(&label).clone(),
             durable_lsn: self.durable_lsn.get_or_create(&label).clone(),
         }

@@ -497,6 +497,7 @@ impl PartitionThread {
     /// older of the two kept snapshots (and every projection checkpoint) no longer needs.
     fn snapshot(&mut self) -> Result<(), String> {
         // The snapshot must not contain effects that a crash could still take back.
+        let started = Instant::now();
         self.barrier()?;
         let lsn = self.core.next_lsn;
         let core = &self.core;
@@ -521,10 +522,13 @@ impl PartitionThread {
         self.writer
             .send(ToWriter::ReleaseBefore(floor))
             .expect("the writer outlives its partition");
-        tracing::debug!(
+        let elapsed = started.elapsed();
+        self.metrics.snapshot_seconds.observe(elapsed.as_secs_f64());
+        tracing::info!(
             partition = self.core.partition,
             lsn,
             release_before = floor,
+            elapsed_ms = elapsed.as_millis() as u64,
             "snapshot written"
         );
         Ok(())
