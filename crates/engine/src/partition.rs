@@ -135,9 +135,9 @@ pub(crate) struct PartitionThread {
     pub projection_floors: Vec<Arc<AtomicU64>>,
     writer: Sender<ToWriter>,
     batch: Batch,
-    /// The follow-ups of the current apply, before they are routed.
+    /// The follow-ups of the last apply, until `route_follow_ups` moves them on.
     sent: Vec<Outgoing>,
-    /// Follow-ups this partition sent itself and has not applied yet.
+    /// Follow-ups this partition sent itself and `route_follow_ups` has not applied yet.
     local: VecDeque<FollowUp>,
     rng: SmallRng,
     records_since_snapshot: u64,
@@ -227,14 +227,8 @@ impl PartitionThread {
         // the ones they already applied. Those to this partition are applied before anything else, so
         // that new ones, applied at once, follow them in sequence.
         let resend: Vec<Outgoing> = self.core.unacknowledged().collect();
-        for outgoing in resend {
-            if outgoing.destination == self.core.partition {
-                self.local.push_back(outgoing.follow_up);
-            } else {
-                self.batch.sends.push(outgoing);
-            }
-        }
-        self.apply_local();
+        self.sent.extend(resend);
+        self.route_follow_ups();
         // Select borrows the channels while the loop body mutates self: hold clones (same channels).
         let (internal, external, writer) = (
             self.internal.clone(),
@@ -331,6 +325,10 @@ impl PartitionThread {
     }
 
     fn take_batch(&mut self) -> Batch {
+        debug_assert!(
+            self.sent.is_empty() && self.local.is_empty(),
+            "every apply's follow-ups are routed before its batch moves on"
+        );
         self.last_hand_off = Instant::now();
         let next = Batch {
             first_lsn: self.core.next_lsn,
@@ -394,7 +392,7 @@ impl PartitionThread {
                 }
                 let envelope = self.stamp(app, Origin::Client { command_id });
                 let reply = self.apply(&envelope, &payload).to_vec();
-                self.apply_local();
+                self.route_follow_ups();
                 self.release(Release::Reply(reply_to, Reply::Applied(reply)));
             }
             Request::Query(query) => {
@@ -408,22 +406,13 @@ impl PartitionThread {
         }
     }
 
-    /// Applies one command into the current batch: frame, events and follow-ups. Follow-ups to other
-    /// partitions wait in the batch until it is durable; those to this partition go to `self.local`,
-    /// for [`Self::apply_local`] right after.
+    /// Applies one command into the current batch: frame and events; its follow-ups wait in `self.sent`
+    /// for [`Self::route_follow_ups`], which every caller runs right after.
     fn apply(&mut self, envelope: &Envelope, payload: &[u8]) -> &[u8] {
-        let here = self.core.partition;
         let start = begin_record(&mut self.batch.frames, envelope, payload);
         let reply = self
             .core
             .apply(envelope, payload, &mut self.batch.frames, &mut self.sent);
-        for outgoing in self.sent.drain(..) {
-            if outgoing.destination == here {
-                self.local.push_back(outgoing.follow_up);
-            } else {
-                self.batch.sends.push(outgoing);
-            }
-        }
         finish_record(&mut self.batch.frames, start);
         self.batch.record_count += 1;
         self.batch.apps |= app_bit(envelope.app);
@@ -432,15 +421,26 @@ impl PartitionThread {
         reply
     }
 
-    /// Applies the follow-ups this partition sent itself, and those they send in turn, in the order sent;
-    /// each is acknowledged at once.
+    /// Routes the follow-ups in `self.sent`: those to other partitions wait in the batch until it is
+    /// durable; those to this partition are applied now, in the order sent (and theirs after them), and
+    /// acknowledged at once.
     ///
-    /// They need not wait for durability like follow-ups to other partitions: a follow-up's record lands
-    /// in this partition's journal after its cause, so no crash keeps it without its cause, and replay
-    /// rebuilds both. Nothing of either leaves the partition (replies, events, sends) before the batch
-    /// holding them is durable.
-    fn apply_local(&mut self) {
-        while let Some(follow_up) = self.local.pop_front() {
+    /// A follow-up to this partition need not wait for durability: its record lands in this partition's
+    /// journal after its cause, so no crash keeps it without its cause, and replay rebuilds both. Nothing
+    /// of either leaves the partition (replies, events, sends) before the batch holding them is durable.
+    fn route_follow_ups(&mut self) {
+        loop {
+            let here = self.core.partition;
+            for outgoing in self.sent.drain(..) {
+                if outgoing.destination == here {
+                    self.local.push_back(outgoing.follow_up);
+                } else {
+                    self.batch.sends.push(outgoing);
+                }
+            }
+            let Some(follow_up) = self.local.pop_front() else {
+                return;
+            };
             let FollowUp {
                 source,
                 seq,
@@ -466,7 +466,7 @@ impl PartitionThread {
                     };
                     let envelope = self.stamp(follow_up.app, origin);
                     self.apply(&envelope, &follow_up.payload);
-                    self.apply_local();
+                    self.route_follow_ups();
                 }
                 // Acknowledged once this batch is durable; a resend of an applied one is acknowledged too.
                 self.batch.acks.push((follow_up.source, follow_up.seq));
