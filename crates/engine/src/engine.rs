@@ -3,7 +3,7 @@
 use crate::app::{AppSpec, StateMachine};
 use crate::core::Core;
 use crate::idempotency::IdempotencyTable;
-use crate::journal::{FileJournal, JournalConfig, Log};
+use crate::journal::{FileLogStore, JournalConfig, Log, LogStore};
 use crate::metrics::{EngineMetrics, PartitionMetrics};
 use crate::partition::{self, Internal, Limits, PartitionShared, Request};
 use crate::projection::ProjectionRuntime;
@@ -138,8 +138,21 @@ fn check_meta(data_dir: &Path, partitions: u16) -> Result<(), StartError> {
 }
 
 impl Engine {
-    /// Recovers every partition and projection from `config.data_dir` and starts their threads.
+    /// Recovers every partition and projection from `config.data_dir`, journals included, and starts
+    /// their threads.
     pub fn start(
+        config: EngineConfig,
+        apps: Vec<AppSpec>,
+        registry: &mut Registry,
+    ) -> Result<Self, StartError> {
+        let logs = Arc::new(FileLogStore::new(&config.data_dir, config.journal.clone()));
+        Self::start_on(logs, config, apps, registry)
+    }
+
+    /// Like [`Self::start`], with the partitions' logs in `logs` (for example a replicated log); snapshots
+    /// and projection checkpoints stay in `config.data_dir`.
+    pub fn start_on(
+        logs: Arc<dyn LogStore>,
         config: EngineConfig,
         mut apps: Vec<AppSpec>,
         registry: &mut Registry,
@@ -170,12 +183,6 @@ impl Engine {
             .map(|_| Arc::new(PartitionShared::default()))
             .collect();
 
-        let partition_dir = |partition: PartitionId| {
-            config
-                .data_dir
-                .join("partitions")
-                .join(format!("p{partition:03}"))
-        };
         let mut projections = Vec::new();
         for spec in &mut apps {
             if let Some(projection) = spec.projection.take() {
@@ -189,9 +196,7 @@ impl Engine {
                     metrics.projection_lag(spec.name),
                     metrics.projection_journal_reads(spec.name),
                     shared.clone(),
-                    (0..partition_count)
-                        .map(|p| partition_dir(p).join("journal"))
-                        .collect(),
+                    logs.clone(),
                 )?);
             }
         }
@@ -200,29 +205,20 @@ impl Engine {
             IdempotencyTable::new(config.idempotency_window_ms, config.idempotency_entries_max);
         let mut recovered: Vec<(Core, Box<dyn Log>, PathBuf)> = Vec::new();
         for partition in 0..partition_count {
-            let dir = partition_dir(partition);
-            let (journal, report) =
-                FileJournal::open(&dir.join("journal"), config.journal.clone())?;
-            if report.torn_tail_bytes > 0 {
-                tracing::warn!(
-                    partition,
-                    torn_tail_bytes = report.torn_tail_bytes,
-                    "recovered from a torn journal tail"
-                );
-            }
-            let snapshot_dir = dir.join("snapshots");
+            let journal = logs.open(partition)?;
+            let snapshot_dir = crate::partition_dir(&config.data_dir, partition).join("snapshots");
             let core = crate::recovery::recover_partition(
                 partition,
                 partition_count,
                 &apps,
                 &empty_idempotency,
-                &journal,
+                journal.as_ref(),
                 &snapshot_dir,
             )?;
             for projection in &mut projections {
-                projection.catch_up(partition, &journal)?;
+                projection.catch_up(partition, journal.as_ref())?;
             }
-            recovered.push((core, Box::new(journal), snapshot_dir));
+            recovered.push((core, journal, snapshot_dir));
         }
 
         let internal_capacity =

@@ -17,7 +17,7 @@ pub mod wire;
 
 pub use app::{AppSpec, Command, Effects, NewState, Projection, RestoreState, StateMachine};
 pub use engine::{Engine, EngineConfig, EngineHandle, Health, Pending, Refused};
-pub use journal::{Durability, JournalConfig, Lsn};
+pub use journal::{Durability, FileLogStore, JournalConfig, LogStore, Lsn};
 pub use record::{Envelope, Origin};
 
 use thiserror::Error;
@@ -48,7 +48,7 @@ pub enum EngineError {
     #[error("the partition queue is full; retry later")]
     Overloaded,
     #[error(
-        "the journal failed to write or fsync; this partition refuses requests until restarted"
+        "the journal failed (a write or fsync error, or another node took the partition over); this partition refuses requests until restarted"
     )]
     JournalFailed,
     #[error("the engine is shutting down")]
@@ -71,6 +71,14 @@ pub enum StartError {
 pub fn partition_of(key: &[u8], partition_count: u16) -> PartitionId {
     debug_assert!(partition_count > 0);
     (xxhash_rust::xxh3::xxh3_64(key) % u64::from(partition_count)) as PartitionId
+}
+
+/// A partition's directory under a data directory: its snapshots, and its journal when embedded.
+pub(crate) fn partition_dir(
+    data_dir: &std::path::Path,
+    partition: PartitionId,
+) -> std::path::PathBuf {
+    data_dir.join("partitions").join(format!("p{partition:03}"))
 }
 
 pub(crate) fn app_bit(app: AppId) -> u64 {

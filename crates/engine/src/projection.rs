@@ -10,7 +10,7 @@
 //! do not.
 
 use crate::app::Projection;
-use crate::journal::{JournalError, Log, Lsn, read_range};
+use crate::journal::{JournalError, Log, LogStore, Lsn};
 use crate::partition::{Feed, PartitionShared};
 use crate::record::{Frame, RecordRef, read_frame};
 use crate::snapshot;
@@ -46,8 +46,8 @@ pub(crate) struct ProjectionRuntime {
     lag: Gauge,
     journal_reads: Counter,
     partitions: Vec<Arc<PartitionShared>>,
-    /// Each partition's journal directory, for the batches the feed dropped.
-    journal_dirs: Vec<PathBuf>,
+    /// The partitions' logs, for the batches the feed dropped.
+    logs: Arc<dyn LogStore>,
 }
 
 impl ProjectionRuntime {
@@ -62,7 +62,7 @@ impl ProjectionRuntime {
         lag: Gauge,
         journal_reads: Counter,
         partitions: Vec<Arc<PartitionShared>>,
-        journal_dirs: Vec<PathBuf>,
+        logs: Arc<dyn LogStore>,
     ) -> Result<Self, StartError> {
         let mut positions = vec![0; usize::from(partition_count)];
         let path = dir.join(file_name(name));
@@ -102,7 +102,7 @@ impl ProjectionRuntime {
             lag,
             journal_reads,
             partitions,
-            journal_dirs,
+            logs,
         })
     }
 
@@ -154,11 +154,11 @@ impl ProjectionRuntime {
             return;
         }
         self.journal_reads.inc();
-        let dir = self.journal_dirs[index].clone();
-        let read = read_range(&dir, from, dropped_end, &mut |lsn, kind, body| {
+        let logs = self.logs.clone();
+        let read = logs.read_range(partition, from, dropped_end, &mut |lsn, kind, body| {
             self.apply_record(partition, lsn, kind, body)
                 .map_err(|reason| JournalError::Corrupt {
-                    path: dir.clone(),
+                    path: format!("journal of partition {partition}").into(),
                     offset: lsn,
                     reason,
                 })

@@ -7,7 +7,7 @@ mod observe;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use prometheus_client::registry::Registry;
-use spate_engine::{AppSpec, Engine, EngineConfig, EngineHandle};
+use spate_engine::{AppSpec, Engine, EngineConfig, EngineHandle, LogStore};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -30,6 +30,8 @@ pub struct AppModule {
 pub struct ServerConfig {
     pub listen: SocketAddr,
     pub engine: EngineConfig,
+    /// Where the partitions' logs live; `None` for the embedded journal in the data directory.
+    pub logs: Option<Arc<dyn LogStore>>,
 }
 
 /// Starts the engine and serves until SIGTERM or Ctrl-C, then shuts down cleanly.
@@ -39,7 +41,11 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
         modules.into_iter().map(|m| (m.spec, m.routes)).unzip();
     let app_names: Vec<&str> = specs.iter().map(|s| s.name).collect();
     tracing::info!(data_dir = %config.engine.data_dir.display(), partitions = config.engine.partitions, apps = ?app_names, "starting engine");
-    let engine = Engine::start(config.engine, specs, &mut registry).map_err(|e| e.to_string())?;
+    let started = match config.logs {
+        Some(logs) => Engine::start_on(logs, config.engine, specs, &mut registry),
+        None => Engine::start(config.engine, specs, &mut registry),
+    };
+    let engine = started.map_err(|e| e.to_string())?;
     let handle = engine.handle();
     let http_metrics = observe::HttpMetrics::register(&mut registry);
     let mut app_routes = Router::new();

@@ -8,6 +8,7 @@ use spate_engine::{Durability, EngineConfig};
 use spate_server::{AppModule, ServerConfig};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, ValueEnum, Deserialize, PartialEq, Eq)]
@@ -123,6 +124,18 @@ pub struct ServeArgs {
     /// ski: accepted liftIDs, MIN-MAX [default: 1-40]
     #[arg(long, env = "SPATE_SKI_LIFTS")]
     ski_lifts: Option<String>,
+    /// Kafka bootstrap servers (host:port,...): keep the journal on this Kafka cluster instead of the
+    /// data directory [default: the embedded journal]
+    #[arg(long, env = "SPATE_KAFKA")]
+    kafka: Option<String>,
+    /// The Kafka journal topic, one partition per engine partition; created if missing
+    /// [default: spate-journal]
+    #[arg(long, env = "SPATE_KAFKA_TOPIC")]
+    kafka_topic: Option<String>,
+    /// How long start-up waits for the Kafka cluster, and a group commit for Kafka, in seconds
+    /// [default: 30]
+    #[arg(long, env = "SPATE_KAFKA_TIMEOUT_S")]
+    kafka_timeout_s: Option<u64>,
     /// ski: accepted ride times, MIN-MAX [default: 1-360]
     #[arg(long, env = "SPATE_SKI_TIMES")]
     ski_times: Option<String>,
@@ -252,7 +265,10 @@ impl ServeArgs {
                 ski_seasons,
                 ski_skiers,
                 ski_lifts,
-                ski_times
+                ski_times,
+                kafka,
+                kafka_topic,
+                kafka_timeout_s
             );
         }
         let ski = self.ski_config()?;
@@ -339,7 +355,34 @@ impl ServeArgs {
         let apps = self
             .apps
             .unwrap_or_else(|| APPS.iter().map(|s| s.to_string()).collect());
-        Ok((ServerConfig { listen, engine }, apps, app_options))
+        let logs = match self.kafka {
+            None => None,
+            Some(bootstrap) => {
+                let mut kafka = spate_kafka::KafkaConfig::new(bootstrap);
+                if let Some(topic) = self.kafka_topic {
+                    kafka.topic = topic;
+                }
+                if let Some(seconds) = self.kafka_timeout_s {
+                    if seconds == 0 {
+                        bail!("--kafka-timeout-s must be at least 1");
+                    }
+                    kafka.connect_timeout = Duration::from_secs(seconds);
+                    kafka.commit_timeout = Duration::from_secs(seconds);
+                }
+                let store = spate_kafka::KafkaLogStore::connect(kafka, engine.partitions)
+                    .context("the Kafka cluster given by --kafka")?;
+                Some(Arc::new(store) as Arc<dyn spate_engine::LogStore>)
+            }
+        };
+        Ok((
+            ServerConfig {
+                listen,
+                engine,
+                logs,
+            },
+            apps,
+            app_options,
+        ))
     }
 
     fn ski_config(&self) -> anyhow::Result<spate_ski::SkiConfig> {

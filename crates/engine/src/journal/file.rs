@@ -10,7 +10,8 @@
 //! rest of a segment reads as zeros; a frame never starts with a zero length, so the first all-zero byte
 //! after the last record ends the segment.
 
-use super::{Durability, JournalError, Log, Lsn, Visit};
+use super::{Durability, JournalError, Log, LogStore, Lsn, Visit};
+use crate::PartitionId;
 use crate::record::{Frame, read_frame};
 use std::fs::{self, File, OpenOptions};
 use std::io::Read;
@@ -152,10 +153,53 @@ fn list_segments(dir: &Path) -> Result<Vec<Segment>, JournalError> {
     Ok(segments)
 }
 
+/// The embedded journals: one [`FileJournal`] per partition under `<data-dir>/partitions/pNNN/journal`.
+pub struct FileLogStore {
+    data_dir: PathBuf,
+    config: JournalConfig,
+}
+
+impl FileLogStore {
+    pub fn new(data_dir: impl Into<PathBuf>, config: JournalConfig) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            config,
+        }
+    }
+
+    fn dir(&self, partition: PartitionId) -> PathBuf {
+        crate::partition_dir(&self.data_dir, partition).join("journal")
+    }
+}
+
+impl LogStore for FileLogStore {
+    fn open(&self, partition: PartitionId) -> Result<Box<dyn Log>, JournalError> {
+        let (journal, report) = FileJournal::open(&self.dir(partition), self.config.clone())?;
+        if report.torn_tail_bytes > 0 {
+            tracing::warn!(
+                partition,
+                torn_tail_bytes = report.torn_tail_bytes,
+                "recovered from a torn journal tail"
+            );
+        }
+        Ok(Box::new(journal))
+    }
+
+    fn read_range(
+        &self,
+        partition: PartitionId,
+        from: Lsn,
+        until: Lsn,
+        visit: &mut Visit<'_>,
+    ) -> Result<(), JournalError> {
+        read_range(&self.dir(partition), from, until, visit)
+    }
+}
+
 /// Calls `visit` with the records `from..until` of the journal in `dir`, while its writer may be
 /// appending: for a projection reading durable records its feed did not bring. Records below `until` must
 /// be durable (so whole on disk), and the segments holding them kept (the projection's checkpoint floor).
-pub(crate) fn read_range(
+fn read_range(
     dir: &Path,
     from: Lsn,
     until: Lsn,

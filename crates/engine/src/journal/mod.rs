@@ -1,13 +1,16 @@
 //! The journal: an append-only, partitioned log of framed records (see [`crate::record`]).
 //!
-//! The engine talks to it only through [`Log`], so that the embedded [`FileJournal`] can later be swapped
-//! for a replicated log (Kafka: one topic partition per engine partition, offsets as [`Lsn`]s) without any
-//! app noticing.
+//! The engine talks to it only through [`Log`] (one partition's log, owned by its writer thread) and
+//! [`LogStore`] (where the logs live), so that the embedded [`FileJournal`] and a replicated log (the
+//! `spate-kafka` crate: a topic partition per engine partition) are interchangeable without any app
+//! noticing.
 
 mod file;
 
-pub use file::{FileJournal, JournalConfig, RecoveryReport};
-pub(crate) use file::{read_range, sync_dir};
+pub(crate) use file::sync_dir;
+pub use file::{FileJournal, FileLogStore, JournalConfig, RecoveryReport};
+
+use crate::PartitionId;
 
 use std::path::PathBuf;
 use thiserror::Error;
@@ -47,6 +50,9 @@ pub enum JournalError {
         "journal refuses writes after an earlier write or fsync failure; restart to recover from disk"
     )]
     Failed,
+    /// A replicated log's error (its client's words, with what was being done).
+    #[error("replicated log: {0}")]
+    Replicated(String),
 }
 
 /// Called by replay with each record's LSN, frame kind and body.
@@ -68,4 +74,21 @@ pub trait Log: Send + 'static {
     fn release_before(&mut self, lsn: Lsn) -> Result<(), JournalError>;
     /// Makes everything appended so far durable, whatever the [`Durability`] (used at shutdown).
     fn sync(&mut self) -> Result<(), JournalError>;
+}
+
+/// Where the partitions' logs live: the embedded journal ([`FileLogStore`]) or a replicated one.
+pub trait LogStore: Send + Sync + 'static {
+    /// Opens `partition`'s log for appending after its last durable record. A replicated store also takes
+    /// ownership here: any earlier writer of the partition can no longer append once this returns.
+    fn open(&self, partition: PartitionId) -> Result<Box<dyn Log>, JournalError>;
+    /// Calls `visit` with the durable records `from..until` of `partition` while its writer may be
+    /// appending: for a projection reading records its feed dropped. The records must still be held (the
+    /// projection's checkpoint floor keeps them).
+    fn read_range(
+        &self,
+        partition: PartitionId,
+        from: Lsn,
+        until: Lsn,
+        visit: &mut Visit<'_>,
+    ) -> Result<(), JournalError>;
 }

@@ -1,0 +1,606 @@
+//! One engine partition's log on its Kafka topic partition: transactional appends, `read_committed`
+//! reads, and the sparse LSN -> offset index that lets a read start near the LSN it wants.
+
+use crate::{KafkaConfig, MESSAGE_BYTES_MAX};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use spate_engine::PartitionId;
+use spate_engine::journal::{JournalError, Log, Lsn, Visit};
+use spate_engine::record::{FRAME_HEADER_BYTES, Frame, read_frame};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const KEY_VERSION: u8 = 1;
+const KEY_BYTES: usize = 13;
+/// A group commit is split into Kafka records of at most this many bytes of frames.
+const CHUNK_BYTES_MAX: usize = MESSAGE_BYTES_MAX - 64 * 1024;
+/// The index keeps one entry per this many bytes of log: small (100 GB of history is 100 k entries)
+/// and a read starts at most this far before the LSN it wants.
+const INDEX_STRIDE_BYTES: u64 = 1024 * 1024;
+/// A read that gets nothing from Kafka for this long gives up (the partition's leader is gone and no
+/// other broker took over).
+const READ_STALL_MAX: Duration = Duration::from_secs(60);
+
+/// What a Kafka record's key says of its frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RecordKey {
+    first_lsn: Lsn,
+    record_count: u32,
+}
+
+impl RecordKey {
+    fn encode(self) -> [u8; KEY_BYTES] {
+        let mut key = [0; KEY_BYTES];
+        key[0] = KEY_VERSION;
+        key[1..9].copy_from_slice(&self.first_lsn.to_le_bytes());
+        key[9..13].copy_from_slice(&self.record_count.to_le_bytes());
+        key
+    }
+
+    fn decode(key: Option<&[u8]>) -> Result<Self, String> {
+        let key = key.ok_or("a record without a key")?;
+        if key.len() != KEY_BYTES {
+            return Err(format!(
+                "a key of {} bytes, expected {KEY_BYTES}",
+                key.len()
+            ));
+        }
+        if key[0] != KEY_VERSION {
+            return Err(format!(
+                "a record of format version {}; this binary reads version {KEY_VERSION}",
+                key[0]
+            ));
+        }
+        Ok(Self {
+            first_lsn: u64::from_le_bytes(key[1..9].try_into().expect("8 bytes")),
+            record_count: u32::from_le_bytes(key[9..13].try_into().expect("4 bytes")),
+        })
+    }
+}
+
+/// Some records' offsets by first LSN, ascending. Reads start from the entry at or below the LSN they
+/// want and skip forward; without one they start at the beginning of the partition.
+#[derive(Debug, Default)]
+pub(crate) struct OffsetIndex {
+    entries: Vec<(Lsn, i64)>,
+    bytes_since_entry: u64,
+}
+
+impl OffsetIndex {
+    fn note(&mut self, first_lsn: Lsn, offset: i64, bytes: usize) {
+        if self
+            .entries
+            .last()
+            .is_some_and(|&(lsn, _)| lsn >= first_lsn)
+        {
+            return;
+        }
+        if self.entries.is_empty() || self.bytes_since_entry >= INDEX_STRIDE_BYTES {
+            self.entries.push((first_lsn, offset));
+            self.bytes_since_entry = 0;
+        }
+        self.bytes_since_entry += bytes as u64;
+    }
+
+    fn start_for(&self, lsn: Lsn) -> Offset {
+        match self.entries.partition_point(|&(first, _)| first <= lsn) {
+            0 => Offset::Beginning,
+            after => Offset::Offset(self.entries[after - 1].1),
+        }
+    }
+}
+
+/// Records where each appended Kafka record landed (delivery reports arrive while a commit flushes).
+struct Deliveries {
+    delivered: Mutex<Vec<(Lsn, i64, usize)>>,
+}
+
+impl ClientContext for Deliveries {}
+
+impl ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        // A failed delivery fails the transaction's commit, which is what the writer acts on.
+        if let Ok(message) = result
+            && let Ok(key) = RecordKey::decode(message.key())
+        {
+            let bytes = message.payload_len();
+            let mut delivered = self.delivered.lock().expect("no panics while held");
+            delivered.push((key.first_lsn, message.offset(), bytes));
+        }
+    }
+}
+
+pub struct KafkaLog {
+    partition: PartitionId,
+    topic: String,
+    producer: BaseProducer<Deliveries>,
+    commit_timeout: Duration,
+    first_lsn: Lsn,
+    next_lsn: Lsn,
+    index: Arc<Mutex<OffsetIndex>>,
+    config: KafkaConfig,
+    failed: bool,
+}
+
+fn replicated(partition: PartitionId, what: &str, error: impl std::fmt::Display) -> JournalError {
+    JournalError::Replicated(format!("partition {partition}: {what}: {error}"))
+}
+
+impl KafkaLog {
+    /// Takes ownership of `partition`'s log (fencing any earlier owner) and reads it to its end.
+    pub(crate) fn open(
+        config: &KafkaConfig,
+        partition: PartitionId,
+        index: Arc<Mutex<OffsetIndex>>,
+    ) -> Result<Self, JournalError> {
+        let commit_timeout_ms = config.commit_timeout.as_millis().to_string();
+        let producer: BaseProducer<Deliveries> = config
+            .client()
+            .set(
+                "transactional.id",
+                format!("spate.{}.p{partition}", config.topic),
+            )
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "0")
+            .set("message.max.bytes", (MESSAGE_BYTES_MAX + 4096).to_string())
+            .set("batch.size", (MESSAGE_BYTES_MAX + 4096).to_string())
+            .set("transaction.timeout.ms", &commit_timeout_ms)
+            .set("message.timeout.ms", &commit_timeout_ms)
+            .create_with_context(Deliveries {
+                delivered: Mutex::new(Vec::new()),
+            })
+            .map_err(|e| replicated(partition, "creating the producer", e))?;
+        // Fences every earlier producer of this partition and aborts the transaction it left open, so
+        // that what is read next is all there will ever be below the next append.
+        producer
+            .init_transactions(config.connect_timeout)
+            .map_err(|e| replicated(partition, "taking ownership (init_transactions)", e))?;
+        let (first_lsn, next_lsn) = scan(config, partition, &index)?;
+        tracing::info!(
+            partition,
+            topic = %config.topic,
+            first_lsn,
+            next_lsn,
+            "took ownership of the partition's Kafka log"
+        );
+        Ok(Self {
+            partition,
+            topic: config.topic.clone(),
+            producer,
+            commit_timeout: config.commit_timeout,
+            first_lsn,
+            next_lsn,
+            index,
+            config: config.clone(),
+            failed: false,
+        })
+    }
+
+    fn send(&self, key: &[u8; KEY_BYTES], frames: &[u8]) -> Result<(), KafkaError> {
+        let deadline = Instant::now() + self.commit_timeout;
+        let mut record = BaseRecord::to(&self.topic)
+            .partition(i32::from(self.partition))
+            .key(&key[..])
+            .payload(frames);
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                    if Instant::now() < deadline =>
+                {
+                    record = back;
+                    self.producer.poll(Duration::from_millis(10));
+                }
+                Err((error, _)) => return Err(error),
+            }
+        }
+    }
+
+    fn commit(&mut self, frames: &[u8], record_count: u64) -> Result<(), KafkaError> {
+        self.producer.begin_transaction()?;
+        let mut first_lsn = self.next_lsn;
+        for (chunk, count) in chunks(frames, record_count) {
+            let key = RecordKey {
+                first_lsn,
+                record_count: count,
+            };
+            self.send(&key.encode(), chunk)?;
+            first_lsn += u64::from(count);
+        }
+        self.producer.commit_transaction(self.commit_timeout)
+    }
+}
+
+/// Splits a group commit at frame boundaries into pieces of at most [`CHUNK_BYTES_MAX`] bytes (a single
+/// larger frame travels alone; Kafka refuses it if it is over the topic's limit). One piece, the whole
+/// batch, in the common case.
+fn chunks(frames: &[u8], record_count: u64) -> Vec<(&[u8], u32)> {
+    if frames.len() <= CHUNK_BYTES_MAX {
+        let count =
+            u32::try_from(record_count).expect("a group commit holds fewer than 2^32 records");
+        return vec![(frames, count)];
+    }
+    let mut pieces = Vec::new();
+    let (mut start, mut at, mut count) = (0, 0, 0u32);
+    while at < frames.len() {
+        let length = u32::from_le_bytes(frames[at..at + 4].try_into().expect("4 bytes")) as usize;
+        let end = at + FRAME_HEADER_BYTES + length;
+        if end - start > CHUNK_BYTES_MAX && count > 0 {
+            pieces.push((&frames[start..at], count));
+            (start, count) = (at, 0);
+        }
+        (at, count) = (end, count + 1);
+    }
+    pieces.push((&frames[start..], count));
+    debug_assert_eq!(
+        pieces.iter().map(|(_, c)| u64::from(*c)).sum::<u64>(),
+        record_count
+    );
+    pieces
+}
+
+impl Log for KafkaLog {
+    fn next_lsn(&self) -> Lsn {
+        self.next_lsn
+    }
+
+    fn first_lsn(&self) -> Lsn {
+        self.first_lsn
+    }
+
+    fn append(&mut self, frames: &[u8], record_count: u64) -> Result<(), JournalError> {
+        if self.failed {
+            return Err(JournalError::Failed);
+        }
+        if let Err(error) = self.commit(frames, record_count) {
+            // Whether the transaction committed is unknown (a timeout), or it was refused (fenced by a
+            // new owner): either way nothing more may be acknowledged from this log.
+            self.failed = true;
+            return Err(replicated(
+                self.partition,
+                "committing a group commit",
+                error,
+            ));
+        }
+        self.next_lsn += record_count;
+        let delivered = std::mem::take(
+            &mut *self
+                .producer
+                .context()
+                .delivered
+                .lock()
+                .expect("no panics while held"),
+        );
+        let mut index = self.index.lock().expect("no panics while held");
+        for (first_lsn, offset, bytes) in delivered {
+            index.note(first_lsn, offset, bytes);
+        }
+        Ok(())
+    }
+
+    fn replay(&self, from: Lsn, visit: &mut Visit<'_>) -> Result<(), JournalError> {
+        read(
+            &self.config,
+            self.partition,
+            &self.index,
+            from,
+            self.next_lsn,
+            visit,
+        )
+    }
+
+    /// Kafka keeps the records (the topic's retention is unlimited): only the index lets go of entries
+    /// no read will start from.
+    fn release_before(&mut self, lsn: Lsn) -> Result<(), JournalError> {
+        let mut index = self.index.lock().expect("no panics while held");
+        let keep_from = index.entries.partition_point(|&(first, _)| first <= lsn);
+        if keep_from > 1 {
+            index.entries.drain(..keep_from - 1);
+        }
+        Ok(())
+    }
+
+    /// Every append is already replicated when it returns.
+    fn sync(&mut self) -> Result<(), JournalError> {
+        if self.failed {
+            return Err(JournalError::Failed);
+        }
+        Ok(())
+    }
+}
+
+/// A reader's client context: reaching the end of the partition is how every read ends, not an error.
+struct ReaderContext;
+
+impl ClientContext for ReaderContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !matches!(error, KafkaError::PartitionEOF(_)) {
+            tracing::warn!(%error, reason, "Kafka reader");
+        }
+    }
+}
+
+impl ConsumerContext for ReaderContext {}
+
+type Reader = BaseConsumer<ReaderContext>;
+
+fn reader(
+    config: &KafkaConfig,
+    partition: PartitionId,
+    start: Offset,
+) -> Result<Reader, JournalError> {
+    let consumer: Reader = config
+        .client()
+        .set("group.id", format!("spate.{}.reader", config.topic))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        // Only committed transactions: a fenced owner's aborted group commits are never read.
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        // A read never skips records silently: an offset Kafka no longer has is an error.
+        .set("auto.offset.reset", "error")
+        .set(
+            "max.partition.fetch.bytes",
+            (MESSAGE_BYTES_MAX + 4096).to_string(),
+        )
+        .set("fetch.max.bytes", (4 * MESSAGE_BYTES_MAX).to_string())
+        .create_with_context(ReaderContext)
+        .map_err(|e| replicated(partition, "creating a reader", e))?;
+    let mut assignment = TopicPartitionList::new();
+    assignment
+        .add_partition_offset(&config.topic, i32::from(partition), start)
+        .map_err(|e| replicated(partition, "assigning the reader", e))?;
+    consumer
+        .assign(&assignment)
+        .map_err(|e| replicated(partition, "assigning the reader", e))?;
+    Ok(consumer)
+}
+
+/// Reads the whole partition once (at open): where it starts and ends, and the index on the way.
+fn scan(
+    config: &KafkaConfig,
+    partition: PartitionId,
+    index: &Mutex<OffsetIndex>,
+) -> Result<(Lsn, Lsn), JournalError> {
+    let consumer = reader(config, partition, Offset::Beginning)?;
+    let mut first_lsn = None;
+    let mut next_lsn = 0;
+    each_record(&consumer, partition, |key, offset, frames| {
+        let first = *first_lsn.get_or_insert(key.first_lsn);
+        if key.first_lsn != next_lsn && first != key.first_lsn {
+            return Err(format!(
+                "offset {offset} holds records from LSN {}, but {next_lsn} was expected next",
+                key.first_lsn
+            ));
+        }
+        next_lsn = key.first_lsn + u64::from(key.record_count);
+        index
+            .lock()
+            .expect("no panics while held")
+            .note(key.first_lsn, offset, frames.len());
+        Ok(Continue::Yes)
+    })?;
+    Ok((first_lsn.unwrap_or(0), next_lsn))
+}
+
+/// Calls `visit` with every record `from..until` of `partition`, checking that LSNs follow on.
+pub(crate) fn read(
+    config: &KafkaConfig,
+    partition: PartitionId,
+    index: &Mutex<OffsetIndex>,
+    from: Lsn,
+    until: Lsn,
+    visit: &mut Visit<'_>,
+) -> Result<(), JournalError> {
+    if from >= until {
+        return Ok(());
+    }
+    let start = index.lock().expect("no panics while held").start_for(from);
+    let consumer = reader(config, partition, start)?;
+    let mut expected: Option<Lsn> = None;
+    let mut visit_error = None;
+    each_record(&consumer, partition, |key, offset, frames| {
+        let end = key.first_lsn + u64::from(key.record_count);
+        match expected {
+            Some(expected) if key.first_lsn != expected => {
+                return Err(format!(
+                    "offset {offset} holds records from LSN {}, but {expected} was expected next",
+                    key.first_lsn
+                ));
+            }
+            None if key.first_lsn > from => {
+                return Err(format!(
+                    "the log starts at LSN {} (offset {offset}), after the requested {from}",
+                    key.first_lsn
+                ));
+            }
+            _ => {}
+        }
+        expected = Some(end);
+        if end <= from {
+            return Ok(Continue::Yes);
+        }
+        let mut lsn = key.first_lsn;
+        let mut at = 0;
+        while at < frames.len() && lsn < until {
+            match read_frame(&frames[at..]) {
+                Frame::Valid {
+                    kind,
+                    body,
+                    total_bytes,
+                } => {
+                    if lsn >= from
+                        && let Err(error) = visit(lsn, kind, body)
+                    {
+                        visit_error = Some(error);
+                        return Ok(Continue::No);
+                    }
+                    at += total_bytes;
+                    lsn += 1;
+                }
+                Frame::Incomplete | Frame::Corrupt => {
+                    return Err(format!("offset {offset}: record {lsn} is damaged"));
+                }
+            }
+        }
+        if lsn < until && lsn != end {
+            return Err(format!(
+                "offset {offset} says it holds records {}..{end} but ends at {lsn}",
+                key.first_lsn
+            ));
+        }
+        Ok(if lsn >= until {
+            Continue::No
+        } else {
+            Continue::Yes
+        })
+    })?;
+    if let Some(error) = visit_error {
+        return Err(error);
+    }
+    let reached = expected.unwrap_or(0);
+    if reached < until {
+        return Err(JournalError::Gap(format!(
+            "partition {partition}'s Kafka log ends at LSN {reached}, below {until}"
+        )));
+    }
+    Ok(())
+}
+
+enum Continue {
+    Yes,
+    No,
+}
+
+/// Polls `consumer` until the end of its partition (or until `each` says stop), handing each record's
+/// key, offset and value to `each`.
+fn each_record(
+    consumer: &Reader,
+    partition: PartitionId,
+    mut each: impl FnMut(RecordKey, i64, &[u8]) -> Result<Continue, String>,
+) -> Result<(), JournalError> {
+    let mut last_progress = Instant::now();
+    loop {
+        match consumer.poll(Duration::from_millis(200)) {
+            None => {
+                if last_progress.elapsed() > READ_STALL_MAX {
+                    return Err(replicated(
+                        partition,
+                        "reading the log",
+                        format!("no answer from Kafka for {} s", READ_STALL_MAX.as_secs()),
+                    ));
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) => return Ok(()),
+            Some(Err(error)) => return Err(replicated(partition, "reading the log", error)),
+            Some(Ok(message)) => {
+                last_progress = Instant::now();
+                let offset = message.offset();
+                let corrupt = |reason: String| JournalError::Corrupt {
+                    path: format!("Kafka partition {partition}").into(),
+                    offset: offset as u64,
+                    reason,
+                };
+                let key = RecordKey::decode(message.key()).map_err(corrupt)?;
+                let frames = message.payload().unwrap_or_default();
+                match each(key, offset, frames).map_err(corrupt)? {
+                    Continue::Yes => {}
+                    Continue::No => return Ok(()),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spate_engine::record::{Envelope, Origin, begin_record, finish_record};
+
+    fn frames(count: usize, payload_bytes: usize) -> Vec<u8> {
+        let mut buf = Vec::new();
+        for i in 0..count {
+            let envelope = Envelope {
+                app: 1,
+                origin: Origin::Client { command_id: None },
+                timestamp_ms: i as u64,
+                random: 0,
+            };
+            let start = begin_record(&mut buf, &envelope, &vec![7; payload_bytes]);
+            finish_record(&mut buf, start);
+        }
+        buf
+    }
+
+    #[test]
+    fn key_round_trips_and_refuses_other_versions() {
+        let key = RecordKey {
+            first_lsn: u64::MAX - 3,
+            record_count: 77,
+        };
+        assert_eq!(RecordKey::decode(Some(&key.encode())), Ok(key));
+        let mut newer = key.encode();
+        newer[0] = KEY_VERSION + 1;
+        assert!(
+            RecordKey::decode(Some(&newer))
+                .unwrap_err()
+                .contains("version")
+        );
+        assert!(RecordKey::decode(Some(&newer[..12])).is_err());
+        assert!(RecordKey::decode(None).is_err());
+    }
+
+    #[test]
+    fn chunks_split_at_frame_boundaries_and_keep_every_record() {
+        let small = frames(3, 10);
+        assert_eq!(chunks(&small, 3), vec![(&small[..], 3)]);
+        // 40 records of 1 MiB: several chunks, none over the limit, all records kept in order.
+        let big = frames(40, 1024 * 1024);
+        let pieces = chunks(&big, 40);
+        assert!(pieces.len() > 1);
+        assert!(
+            pieces
+                .iter()
+                .all(|(bytes, _)| bytes.len() <= CHUNK_BYTES_MAX)
+        );
+        assert_eq!(pieces.iter().map(|(_, c)| *c).sum::<u32>(), 40);
+        assert_eq!(
+            pieces.iter().map(|(b, _)| b.len()).sum::<usize>(),
+            big.len()
+        );
+        for (bytes, count) in pieces {
+            let mut at = 0;
+            for _ in 0..count {
+                let Frame::Valid { total_bytes, .. } = read_frame(&bytes[at..]) else {
+                    panic!("a chunk does not start at a frame boundary");
+                };
+                at += total_bytes;
+            }
+            assert_eq!(at, bytes.len());
+        }
+    }
+
+    #[test]
+    fn index_starts_reads_at_or_below_the_lsn() {
+        let mut index = OffsetIndex::default();
+        assert_eq!(index.start_for(5), Offset::Beginning);
+        index.note(0, 0, 10);
+        // Within the stride: not indexed.
+        index.note(10, 2, 10);
+        index.note(20, 4, INDEX_STRIDE_BYTES as usize);
+        index.note(30, 6, 10);
+        assert_eq!(index.entries, vec![(0, 0), (30, 6)]);
+        assert_eq!(index.start_for(25), Offset::Offset(0));
+        assert_eq!(index.start_for(30), Offset::Offset(6));
+        assert_eq!(index.start_for(1_000), Offset::Offset(6));
+        // An LSN already indexed (a replay noting what the writer noted) changes nothing.
+        index.note(30, 6, 10);
+        assert_eq!(index.entries.len(), 2);
+    }
+}
