@@ -8,6 +8,8 @@
 #   scripts/kafka.sh stop DIR                stop the nodes (SIGTERM, then SIGKILL after 20 s)
 #   scripts/kafka.sh start-node DIR N        start node N (1-3) again, e.g. after killing it
 #   scripts/kafka.sh bootstrap DIR           print the bootstrap servers
+#   scripts/kafka.sh topics DIR ARGS...      Kafka's topic tool against the cluster, e.g.
+#                                            `topics DIR --describe --topic spate-journal`
 #   scripts/kafka.sh fetch                   only download the jars
 #
 # Node N listens on PORT_BASE+N-1 (clients) and PORT_BASE+100+N-1 (controllers); PORT_BASE defaults to
@@ -191,5 +193,12 @@ start-node)
 	;;
 stop) stop "${2:?usage: kafka.sh stop DIR}" ;;
 bootstrap) bootstrap "${2:?usage: kafka.sh bootstrap DIR}" ;;
-*) die "usage: kafka.sh start DIR [PORT_BASE] | stop DIR | start-node DIR N | bootstrap DIR | fetch" ;;
+topics)
+	dir=${2:?usage: kafka.sh topics DIR ARGS...}
+	shift 2
+	fetch
+	java -cp "$CACHE/libs/*" -Dlog4j2.configurationFile="$dir/node1/log4j2.properties" \
+		org.apache.kafka.tools.TopicCommand --bootstrap-server "$(bootstrap "$dir")" "$@"
+	;;
+*) die "usage: kafka.sh start DIR [PORT_BASE] | stop DIR | start-node DIR N | bootstrap DIR | topics DIR ARGS... | fetch" ;;
 esac

@@ -203,9 +203,22 @@ impl Engine {
 
         let empty_idempotency =
             IdempotencyTable::new(config.idempotency_window_ms, config.idempotency_entries_max);
+        // Opening a replicated log takes round trips (fencing the old owner, reading to the end): open
+        // every partition's at once.
+        let journals = std::thread::scope(|scope| {
+            let opening: Vec<_> = (0..partition_count)
+                .map(|partition| {
+                    let logs = &logs;
+                    scope.spawn(move || logs.open(partition))
+                })
+                .collect();
+            opening
+                .into_iter()
+                .map(|thread| thread.join().expect("opening a log does not panic"))
+                .collect::<Result<Vec<_>, _>>()
+        })?;
         let mut recovered: Vec<(Core, Box<dyn Log>, PathBuf)> = Vec::new();
-        for partition in 0..partition_count {
-            let journal = logs.open(partition)?;
+        for (partition, journal) in (0..partition_count).zip(journals) {
             let snapshot_dir = crate::partition_dir(&config.data_dir, partition).join("snapshots");
             let core = crate::recovery::recover_partition(
                 partition,

@@ -24,6 +24,9 @@ const INDEX_STRIDE_BYTES: u64 = 1024 * 1024;
 /// other broker took over).
 const READ_STALL_MAX: Duration = Duration::from_secs(60);
 
+/// How long one wait for delivery reports lasts; a group commit's acknowledgement is noticed within it.
+const DELIVERY_POLL_INTERVAL: Duration = Duration::from_micros(200);
+
 /// What a Kafka record's key says of its frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct RecordKey {
@@ -148,6 +151,11 @@ impl KafkaLog {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "0")
+            // A transaction's partition is registered while the coordinator may still be writing the
+            // markers of the one before, which it answers with a retriable error: retry soon, since the
+            // next group commit waits on it.
+            .set("retry.backoff.ms", "5")
+            .set("retry.backoff.max.ms", "100")
             .set("message.max.bytes", (MESSAGE_BYTES_MAX + 4096).to_string())
             .set("batch.size", (MESSAGE_BYTES_MAX + 4096).to_string())
             .set("transaction.timeout.ms", &commit_timeout_ms)
@@ -213,7 +221,22 @@ impl KafkaLog {
             self.send(&key.encode(), chunk)?;
             first_lsn += u64::from(count);
         }
+        self.await_deliveries()?;
         self.producer.commit_transaction(self.commit_timeout)
+    }
+
+    /// Serves delivery reports until every record sent is acknowledged (`acks=all`). `commit_transaction`
+    /// would do this itself, but through `BaseProducer::poll`, which always sleeps out its whole timeout
+    /// (100 ms slices): that made every group commit take over 100 ms.
+    fn await_deliveries(&self) -> Result<(), KafkaError> {
+        let deadline = Instant::now() + self.commit_timeout;
+        while self.producer.in_flight_count() > 0 {
+            if Instant::now() >= deadline {
+                return Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut));
+            }
+            self.producer.poll(DELIVERY_POLL_INTERVAL);
+        }
+        Ok(())
     }
 }
 
@@ -498,6 +521,13 @@ fn each_record(
                 }
             }
             Some(Err(KafkaError::PartitionEOF(_))) => return Ok(()),
+            // A broker gone or a leader moving: the client finds the new leader by itself.
+            Some(Err(error)) if is_transient(&error) => {
+                tracing::debug!(partition, %error, "Kafka read interrupted; retrying");
+                if last_progress.elapsed() > READ_STALL_MAX {
+                    return Err(replicated(partition, "reading the log", error));
+                }
+            }
             Some(Err(error)) => return Err(replicated(partition, "reading the log", error)),
             Some(Ok(message)) => {
                 last_progress = Instant::now();
@@ -516,6 +546,23 @@ fn each_record(
             }
         }
     }
+}
+
+/// Errors a read outlives: the client reconnects and finds the partition's new leader itself.
+fn is_transient(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::AllBrokersDown
+                | RDKafkaErrorCode::OperationTimedOut
+                | RDKafkaErrorCode::RequestTimedOut
+                | RDKafkaErrorCode::NotLeaderForPartition
+                | RDKafkaErrorCode::LeaderNotAvailable
+                | RDKafkaErrorCode::NetworkException
+                | RDKafkaErrorCode::NotEnoughReplicas
+        )
+    )
 }
 
 #[cfg(test)]

@@ -1,0 +1,376 @@
+//! spate with its journal on a real 3-broker Kafka cluster (`scripts/kafka.sh`), under kill -9 of the
+//! spate process, loss of its whole data directory, kill -9 of a broker, and a paused old owner.
+//!
+//! One cluster serves every scenario (it takes about 10 s and over 1 GiB to start), so they run in order
+//! inside one test, each on a topic of its own.
+//! Seeds: `SPATE_CRASH_SEED` reproduces a run.
+
+mod support;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::tally::{ACCOUNTS, Load, account, check_exactly_once, entries};
+use support::{Server, agent, post};
+
+/// Tags of the test's own adds, above every client's (a client's tags are its id << 32 | a counter).
+const WARM_UP_TAG: u64 = 1 << 60;
+const AFTER_BROKER_KILL_TAG: u64 = 1 << 61;
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/kafka.sh");
+
+/// A Kafka cluster in a temporary directory, stopped when dropped.
+struct Cluster {
+    dir: tempfile::TempDir,
+    bootstrap: String,
+}
+
+impl Cluster {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port_base = free_port_base();
+        let output = kafka_sh(&["start", path(dir.path()), &port_base.to_string()]);
+        let bootstrap = output
+            .lines()
+            .last()
+            .expect("bootstrap servers")
+            .to_string();
+        Self { dir, bootstrap }
+    }
+
+    fn kill_broker(&self, node: u32) {
+        let pid = std::fs::read_to_string(self.dir.path().join(format!("node{node}/pid"))).unwrap();
+        let pid: i32 = pid.trim().parse().unwrap();
+        // SAFETY: kill(2) on the broker's pid, which this test started.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    }
+
+    fn start_broker(&self, node: u32) {
+        kafka_sh(&["start-node", path(self.dir.path()), &node.to_string()]);
+    }
+
+    fn topics(&self, args: &[&str]) -> String {
+        let mut all = vec!["topics", path(self.dir.path())];
+        all.extend_from_slice(args);
+        kafka_sh(&all)
+    }
+
+    /// `spate serve` arguments for a node on `topic`.
+    fn serve_args<'a>(&'a self, topic: &'a str, partitions: &'a str) -> Vec<&'a str> {
+        vec![
+            "--kafka",
+            &self.bootstrap,
+            "--kafka-topic",
+            topic,
+            "--partitions",
+            partitions,
+            "--apps",
+            "tally",
+            "--snapshot-interval-records",
+            "300",
+        ]
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .args([SCRIPT, "stop", path(self.dir.path())])
+            .status();
+    }
+}
+
+fn path(path: &Path) -> &str {
+    path.to_str().expect("a UTF-8 temporary path")
+}
+
+fn kafka_sh(args: &[&str]) -> String {
+    let output = Command::new("bash")
+        .arg(SCRIPT)
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run scripts/kafka.sh");
+    assert!(output.status.success(), "kafka.sh {args:?} failed");
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// A base port with the six ports the cluster needs (base..base+3, base+100..base+103) free.
+fn free_port_base() -> u16 {
+    let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+    let mut rng = rand::rng();
+    for _ in 0..100 {
+        let base = rng.random_range(20_000..30_000);
+        if (0..3).all(|n| free(base + n) && free(base + 100 + n)) {
+            return base;
+        }
+    }
+    panic!("no free ports for a Kafka cluster");
+}
+
+/// Waits until the node acknowledges a first command on every account (so every partition): a new
+/// cluster's transaction coordinators take seconds to load, and a kill before any load would test
+/// nothing. The adds are tagged from `first_tag` on.
+fn warm_up(base: &str, first_tag: u64) {
+    let agent = agent();
+    for (i, tag) in (first_tag..first_tag + ACCOUNTS as u64).enumerate() {
+        let url = format!("{base}/tally/accounts/{}/entries", account(i));
+        let acknowledged = support::eventually(Duration::from_secs(30), || {
+            let body = json!({"amount": 1, "tag": tag});
+            matches!(
+                post(&agent, &url, Some(&format!("warm-{tag}")), &body),
+                Ok((201, _))
+            )
+        });
+        assert!(
+            acknowledged,
+            "no command on {} acknowledged within 30 s",
+            account(i)
+        );
+    }
+}
+
+fn seed() -> u64 {
+    support::crash_seed(rand::random())
+}
+
+#[test]
+fn kafka_cluster_keeps_every_acknowledged_command() {
+    let cluster = Cluster::start();
+    let seed = seed();
+    eprintln!("kafka test seed {seed} (rerun with SPATE_CRASH_SEED={seed})");
+    lost_process_and_lost_disk(&cluster, seed);
+    lost_broker(&cluster, seed);
+    paused_owner_is_fenced(&cluster);
+    bad_configuration_is_refused(&cluster);
+}
+
+/// kill -9 of spate under load, restarted on the same data directory (local snapshot + the Kafka log
+/// after it), then kill -9 again and restarted on an empty one (everything from Kafka): every
+/// acknowledged command exactly once both times.
+fn lost_process_and_lost_disk(cluster: &Cluster, seed: u64) {
+    let args = cluster.serve_args("crash", "3");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let data = tempfile::tempdir().unwrap();
+    let mut acked_all = Vec::new();
+    for (round, first_client) in [("same disk", 0), ("lost disk", support::tally::CLIENTS)] {
+        let server = Server::start(data.path(), &args, None);
+        warm_up(&server.base, WARM_UP_TAG + first_client * ACCOUNTS as u64);
+        let load = Load::start(&server.base, seed, first_client);
+        // A group commit on Kafka takes tens of ms here (a transaction: three replicated round trips).
+        std::thread::sleep(Duration::from_millis(rng.random_range(2500..5000)));
+        server.kill9();
+        let acked = load.finish();
+        assert!(
+            acked.adds.len() > 20,
+            "{round}: too little load before the kill ({} adds)",
+            acked.adds.len()
+        );
+        if round == "lost disk" {
+            std::fs::remove_dir_all(data.path()).unwrap();
+        }
+        let server = Server::start(data.path(), &args, None);
+        check_exactly_once(&server.base, &acked, &format!("seed {seed}, {round}"));
+        acked_all.push(acked);
+        let status = server.terminate();
+        assert!(status.success(), "{round}: clean shutdown failed: {status}");
+    }
+    // The first round's commands survived the second round and the lost disk too.
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start(data.path(), &args, None);
+    for (round, acked) in acked_all.iter().enumerate() {
+        check_exactly_once(
+            &server.base,
+            acked,
+            &format!("seed {seed}, after all, round {round}"),
+        );
+    }
+}
+
+/// kill -9 of one broker under load: the node goes on (Kafka elects new leaders), nothing acknowledged
+/// is lost, and the longest wait for an acknowledgement is reported.
+fn lost_broker(cluster: &Cluster, seed: u64) {
+    let args = cluster.serve_args("broker-loss", "3");
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start(data.path(), &args, None);
+    warm_up(&server.base, WARM_UP_TAG);
+    let load = Load::start(&server.base, seed, 0);
+    std::thread::sleep(Duration::from_millis(2000));
+    let killed_at = Instant::now();
+    cluster.kill_broker(1);
+    // Commands keep being acknowledged after the broker is gone.
+    let agent = agent();
+    let mut after_kill = 0;
+    let mut stall = Duration::ZERO;
+    let mut last_ack = Instant::now();
+    while killed_at.elapsed() < Duration::from_secs(40) && after_kill < 20 {
+        let url = format!("{}/tally/accounts/{}/entries", server.base, account(0));
+        let tag = AFTER_BROKER_KILL_TAG + after_kill;
+        match post(
+            &agent,
+            &url,
+            Some(&format!("after-{tag}")),
+            &json!({"amount": 1, "tag": tag}),
+        ) {
+            Ok((201, _)) => {
+                stall = stall.max(last_ack.elapsed());
+                last_ack = Instant::now();
+                after_kill += 1;
+            }
+            // Not yet durable (the client gave up waiting, or the retry found it in flight): retry.
+            Ok((409 | 503, _)) | Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            Ok((status, body)) => panic!("add answered {status}: {body}"),
+        }
+    }
+    let acked = load.finish();
+    eprintln!(
+        "broker kill -9: longest wait for an acknowledgement {} ms",
+        stall.as_millis()
+    );
+    assert_eq!(
+        after_kill, 20,
+        "commands stopped being acknowledged after a broker died"
+    );
+    assert!(
+        !entries(&server.base).is_empty(),
+        "the server answers reads after the broker loss"
+    );
+    server.kill9();
+    // Everything, the commands acknowledged during the broker loss included, is in the log: an empty
+    // data directory rebuilds it.
+    let fresh = tempfile::tempdir().unwrap();
+    let server = Server::start(fresh.path(), &args, None);
+    check_exactly_once(&server.base, &acked, &format!("seed {seed}, broker loss"));
+    let after: Vec<u64> = entries(&server.base)[&account(0)]
+        .iter()
+        .map(|&(tag, _)| tag)
+        .filter(|tag| (AFTER_BROKER_KILL_TAG..AFTER_BROKER_KILL_TAG + 20).contains(tag))
+        .collect();
+    assert_eq!(
+        after.len(),
+        20,
+        "acknowledged during the broker loss: {after:?}"
+    );
+    drop(server);
+    cluster.start_broker(1);
+}
+
+/// A node paused (SIGSTOP) while another takes its partitions over can, once resumed, acknowledge
+/// nothing, and nothing it applies reaches the log.
+fn paused_owner_is_fenced(cluster: &Cluster) {
+    let args = cluster.serve_args("zombie", "1");
+    let (old_dir, new_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let agent = agent();
+    let add = |base: &str, tag: u64| {
+        let url = format!("{base}/tally/accounts/z/entries");
+        post(
+            &agent,
+            &url,
+            Some(&format!("z{tag}")),
+            &json!({"amount": 1, "tag": tag}),
+        )
+        .expect("an HTTP answer")
+        .0
+    };
+    let old = Server::start(old_dir.path(), &args, None);
+    assert_eq!(add(&old.base, 1), 201);
+    old.signal(libc::SIGSTOP);
+    let new = Server::start(new_dir.path(), &args, None);
+    assert_eq!(add(&new.base, 2), 201);
+    old.signal(libc::SIGCONT);
+    for tag in 3..6 {
+        assert_eq!(
+            add(&old.base, tag),
+            503,
+            "the fenced node acknowledged command {tag}"
+        );
+    }
+    assert_eq!(add(&new.base, 6), 201);
+    let tags = |base: &str| -> Vec<u64> {
+        let (status, body) = support::get(&agent, &format!("{base}/tally/accounts/z"));
+        assert_eq!(status, 200, "{body}");
+        let mut tags: Vec<u64> = body["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .map(|entry| entry["tag"].as_u64().expect("a tag"))
+            .collect();
+        tags.sort_unstable();
+        tags
+    };
+    assert_eq!(tags(&new.base), vec![1, 2, 6]);
+    drop((old, new));
+    // The log itself holds exactly the acknowledged commands: a third node reads it from scratch.
+    let reader_dir = tempfile::tempdir().unwrap();
+    let reader = Server::start(reader_dir.path(), &args, None);
+    assert_eq!(tags(&reader.base), vec![1, 2, 6]);
+}
+
+/// Unreachable brokers, a topic of another partition count and a topic with one replica are refused at
+/// start-up with a message that says what is wrong.
+fn bad_configuration_is_refused(cluster: &Cluster) {
+    cluster.topics(&[
+        "--create",
+        "--topic",
+        "one-replica",
+        "--partitions",
+        "2",
+        "--replication-factor",
+        "1",
+    ]);
+    let refused = |kafka: &str, topic: &str, partitions: &str, expected: &str| {
+        let data = tempfile::tempdir().unwrap();
+        let output = Command::new(env!("CARGO_BIN_EXE_spate"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--fraud-stream-listen",
+                "off",
+            ])
+            .args(["--apps", "tally", "--kafka-timeout-s", "3", "--data-dir"])
+            .arg(data.path())
+            .args([
+                "--kafka",
+                kafka,
+                "--kafka-topic",
+                topic,
+                "--partitions",
+                partitions,
+            ])
+            .env("RUST_BACKTRACE", "0")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run spate");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success(),
+            "started with {kafka} {topic} {partitions}"
+        );
+        assert!(
+            stderr.contains(expected),
+            "expected {expected:?} in the refusal, got: {stderr}"
+        );
+    };
+    refused(
+        "127.0.0.1:1",
+        "crash",
+        "3",
+        "cannot reach Kafka at 127.0.0.1:1",
+    );
+    refused(
+        &cluster.bootstrap,
+        "crash",
+        "2",
+        "has 3 partitions, but the engine runs 2",
+    );
+    refused(
+        &cluster.bootstrap,
+        "one-replica",
+        "2",
+        "has 1 replica(s); spate needs a replication factor of at least 3",
+    );
+}
