@@ -108,6 +108,15 @@ impl Load {
         }
     }
 
+    /// Commands acknowledged so far.
+    pub fn acknowledged(&self) -> usize {
+        let acked = self
+            .acked
+            .lock()
+            .expect("no client panicked holding the lock");
+        acked.adds.len() + acked.transfers.len()
+    }
+
     /// Stops the clients and returns what was acknowledged.
     pub fn finish(self) -> Acked {
         self.stop.store(true, Ordering::Relaxed);
