@@ -5,12 +5,12 @@ use crate::{KafkaConfig, MESSAGE_BYTES_MAX};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use spate_engine::PartitionId;
 use spate_engine::journal::{JournalError, Log, Lsn, Visit};
 use spate_engine::record::{FRAME_HEADER_BYTES, Frame, read_frame};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 const KEY_VERSION: u8 = 1;
@@ -24,8 +24,9 @@ const INDEX_STRIDE_BYTES: u64 = 1024 * 1024;
 /// other broker took over).
 const READ_STALL_MAX: Duration = Duration::from_secs(60);
 
-/// How long one wait for delivery reports lasts; a group commit's acknowledgement is noticed within it.
-const DELIVERY_POLL_INTERVAL: Duration = Duration::from_micros(200);
+/// How often the writer looks whether librdkafka has let go of a delivered record (microseconds after its
+/// delivery report, see `await_deliveries`).
+const RELEASE_CHECK_INTERVAL: Duration = Duration::from_micros(20);
 
 /// What a Kafka record's key says of its frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,9 +97,20 @@ impl OffsetIndex {
     }
 }
 
-/// Records where each appended Kafka record landed (delivery reports arrive while a commit flushes).
+/// Delivery reports of the open transaction: where each record landed, and whether any failed. They
+/// arrive on the producer's polling thread; the writer waits for them on `delivered`.
 struct Deliveries {
-    delivered: Mutex<Vec<(Lsn, i64, usize)>>,
+    state: Mutex<Delivered>,
+    delivered: Condvar,
+}
+
+#[derive(Default)]
+struct Delivered {
+    /// Reports received, successful or not.
+    count: usize,
+    failure: Option<KafkaError>,
+    /// (first LSN, offset, bytes) of each record delivered, for the index.
+    records: Vec<(Lsn, i64, usize)>,
 }
 
 impl ClientContext for Deliveries {}
@@ -107,21 +119,28 @@ impl ProducerContext for Deliveries {
     type DeliveryOpaque = ();
 
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        // A failed delivery fails the transaction's commit, which is what the writer acts on.
-        if let Ok(message) = result
-            && let Ok(key) = RecordKey::decode(message.key())
-        {
-            let bytes = message.payload_len();
-            let mut delivered = self.delivered.lock().expect("no panics while held");
-            delivered.push((key.first_lsn, message.offset(), bytes));
+        let mut state = self.state.lock().expect("no panics while held");
+        match result {
+            Ok(message) => {
+                if let Ok(key) = RecordKey::decode(message.key()) {
+                    state
+                        .records
+                        .push((key.first_lsn, message.offset(), message.payload_len()));
+                }
+            }
+            Err((error, _)) => state.failure = Some(error.clone()),
         }
+        state.count += 1;
+        self.delivered.notify_all();
     }
 }
 
 pub struct KafkaLog {
     partition: PartitionId,
     topic: String,
-    producer: BaseProducer<Deliveries>,
+    /// Its own thread serves delivery reports: `BaseProducer::poll` spins or sleeps out its whole
+    /// timeout, which cost a core, or 100 ms, per group commit.
+    producer: ThreadedProducer<Deliveries>,
     commit_timeout: Duration,
     first_lsn: Lsn,
     next_lsn: Lsn,
@@ -142,7 +161,7 @@ impl KafkaLog {
         index: Arc<Mutex<OffsetIndex>>,
     ) -> Result<Self, JournalError> {
         let commit_timeout_ms = config.commit_timeout.as_millis().to_string();
-        let producer: BaseProducer<Deliveries> = config
+        let producer: ThreadedProducer<Deliveries> = config
             .client()
             .set(
                 "transactional.id",
@@ -161,7 +180,8 @@ impl KafkaLog {
             .set("transaction.timeout.ms", &commit_timeout_ms)
             .set("message.timeout.ms", &commit_timeout_ms)
             .create_with_context(Deliveries {
-                delivered: Mutex::new(Vec::new()),
+                state: Mutex::new(Delivered::default()),
+                delivered: Condvar::new(),
             })
             .map_err(|e| replicated(partition, "creating the producer", e))?;
         // Fences every earlier producer of this partition and aborts the transaction it left open, so
@@ -203,7 +223,7 @@ impl KafkaLog {
                     if Instant::now() < deadline =>
                 {
                     record = back;
-                    self.producer.poll(Duration::from_millis(10));
+                    std::thread::sleep(Duration::from_millis(1));
                 }
                 Err((error, _)) => return Err(error),
             }
@@ -213,7 +233,8 @@ impl KafkaLog {
     fn commit(&mut self, frames: &[u8], record_count: u64) -> Result<(), KafkaError> {
         self.producer.begin_transaction()?;
         let mut first_lsn = self.next_lsn;
-        for (chunk, count) in chunks(frames, record_count) {
+        let pieces = chunks(frames, record_count);
+        for &(chunk, count) in &pieces {
             let key = RecordKey {
                 first_lsn,
                 record_count: count,
@@ -221,20 +242,35 @@ impl KafkaLog {
             self.send(&key.encode(), chunk)?;
             first_lsn += u64::from(count);
         }
-        self.await_deliveries()?;
+        self.await_deliveries(pieces.len())?;
         self.producer.commit_transaction(self.commit_timeout)
     }
 
-    /// Serves delivery reports until every record sent is acknowledged (`acks=all`). `commit_transaction`
-    /// would do this itself, but through `BaseProducer::poll`, which always sleeps out its whole timeout
-    /// (100 ms slices): that made every group commit take over 100 ms.
-    fn await_deliveries(&self) -> Result<(), KafkaError> {
+    /// Waits until each of the `sent` records of this transaction is acknowledged (`acks=all`) and
+    /// librdkafka has let go of it, so that `commit_transaction`'s own flush finds nothing to wait for
+    /// (it would poll in 100 ms slices).
+    fn await_deliveries(&self, sent: usize) -> Result<(), KafkaError> {
+        let timed_out = || KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut);
         let deadline = Instant::now() + self.commit_timeout;
+        let context = self.producer.context();
+        let state = context.state.lock().expect("no panics while held");
+        let (mut state, wait) = context
+            .delivered
+            .wait_timeout_while(state, self.commit_timeout, |state| state.count < sent)
+            .expect("no panics while held");
+        if wait.timed_out() {
+            return Err(timed_out());
+        }
+        state.count = 0;
+        if let Some(failure) = state.failure.take() {
+            return Err(failure);
+        }
+        drop(state);
         while self.producer.in_flight_count() > 0 {
             if Instant::now() >= deadline {
-                return Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut));
+                return Err(timed_out());
             }
-            self.producer.poll(DELIVERY_POLL_INTERVAL);
+            std::thread::sleep(RELEASE_CHECK_INTERVAL);
         }
         Ok(())
     }
@@ -293,12 +329,13 @@ impl Log for KafkaLog {
         }
         self.next_lsn += record_count;
         let delivered = std::mem::take(
-            &mut *self
+            &mut self
                 .producer
                 .context()
-                .delivered
+                .state
                 .lock()
-                .expect("no panics while held"),
+                .expect("no panics while held")
+                .records,
         );
         let mut index = self.index.lock().expect("no panics while held");
         for (first_lsn, offset, bytes) in delivered {

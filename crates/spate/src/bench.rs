@@ -45,7 +45,17 @@ pub struct BenchArgs {
     /// Where the report goes
     #[arg(long, default_value = "bench-results")]
     pub out: PathBuf,
+    /// Kafka bootstrap servers: every server of this run keeps its journal there, each on a new topic
+    /// [default: the embedded journal]
+    #[arg(long)]
+    pub kafka: Option<String>,
 }
+
+/// The Kafka cluster every server of this run journals to (`--kafka`), set once by [`run`]: the servers
+/// are started from every app's benchmark, and none of them needs to know.
+static KAFKA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+/// Servers started so far: each gets a topic of its own.
+static SERVERS_STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 #[derive(Args)]
 pub struct FraudBench {
@@ -83,9 +93,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             .collect()
     };
     std::fs::create_dir_all(&args.out)?;
+    if let Some(kafka) = &args.kafka {
+        KAFKA.set(kafka.clone()).expect("run is called once");
+    }
     let command_line = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
+    let journal = match &args.kafka {
+        Some(kafka) => format!("Kafka at {kafka} (acks=all, a transaction per group commit)"),
+        None => "embedded (fdatasync per group commit)".into(),
+    };
     let mut report = format!(
-        "# spate benchmark report\n\n- machine: {}\n- date: {} (epoch ms)\n- command: `spate {command_line}`\n\n",
+        "# spate benchmark report\n\n- machine: {}\n- date: {} (epoch ms)\n- journal: {journal}\n- command: `spate {command_line}`\n\n",
         machine(),
         crate::fraud_cli::wall_ms()
     );
@@ -148,6 +165,11 @@ pub fn start_server(
         .stdout(Stdio::piped());
     if let Some(partitions) = partitions {
         command.args(["--partitions", &partitions.to_string()]);
+    }
+    if let Some(kafka) = KAFKA.get() {
+        let server = SERVERS_STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let topic = format!("bench-{}-{server}", std::process::id());
+        command.args(["--kafka", kafka, "--kafka-topic", &topic]);
     }
     let mut child = command.spawn().context("starting spate serve")?;
     let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
