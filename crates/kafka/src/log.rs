@@ -380,7 +380,7 @@ struct ReaderContext;
 
 impl ClientContext for ReaderContext {
     fn error(&self, error: KafkaError, reason: &str) {
-        if !matches!(error, KafkaError::PartitionEOF(_)) {
+        if error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF) {
             tracing::warn!(%error, reason, "Kafka reader");
         }
     }

@@ -126,25 +126,46 @@ fn create(
     Ok(())
 }
 
+/// The topic settings `check_configs` reads.
+const CHECKED_SETTINGS: [&str; 5] = [
+    "min.insync.replicas",
+    "retention.ms",
+    "retention.bytes",
+    "cleanup.policy",
+    "unclean.leader.election.enable",
+];
+
 /// Refuses a topic whose settings could lose or drop acknowledged records.
 fn check_configs(
     admin: &AdminClient<DefaultClientContext>,
     config: &KafkaConfig,
     deadline: Instant,
 ) -> Result<(), SetupError> {
-    let options = AdminOptions::new()
-        .request_timeout(Some(deadline.saturating_duration_since(Instant::now())));
     let resource = ResourceSpecifier::Topic(&config.topic);
-    let results = futures_executor::block_on(admin.describe_configs([&resource], &options))?;
     let problem = |problem: String| SetupError::Topic {
         topic: config.topic.clone(),
         problem,
     };
-    let described = results
-        .into_iter()
-        .next()
-        .ok_or_else(|| problem("its configuration was not returned".into()))?
-        .map_err(|code| problem(format!("cannot read its configuration: {code}")))?;
+    // A broker that has just started (or restarted) may answer with an incomplete configuration: ask
+    // again until every setting checked here is in the answer, or the deadline passes.
+    let described = loop {
+        let options = AdminOptions::new()
+            .request_timeout(Some(deadline.saturating_duration_since(Instant::now())));
+        let results = futures_executor::block_on(admin.describe_configs([&resource], &options))?;
+        let described = results
+            .into_iter()
+            .next()
+            .ok_or_else(|| problem("its configuration was not returned".into()))?
+            .map_err(|code| problem(format!("cannot read its configuration: {code}")))?;
+        let entries = described.entry_map();
+        let complete = CHECKED_SETTINGS
+            .iter()
+            .all(|name| entries.get(name).is_some_and(|entry| entry.value.is_some()));
+        if complete || Instant::now() >= deadline {
+            break described;
+        }
+        std::thread::sleep(RETRY_INTERVAL);
+    };
     let entries = described.entry_map();
     let value = |name: &str| {
         entries

@@ -9,22 +9,8 @@ use spate_fraud::history::UNSCORED;
 use spate_fraud::record::Txn;
 use std::process::{Command, Stdio};
 use std::time::Duration;
-use support::fraud::{START_MS, by_rule, expected, generate_history, generated};
+use support::fraud::{START_MS, as_json, by_rule, expected, generate_history, generated};
 use support::{Server, agent, get, post};
-
-fn as_json(txn: &Txn) -> Value {
-    json!({
-        "card": format!("{:014}", txn.card),
-        "timestamp": txn.timestamp.to_string(),
-        "country": format!("{:03}", txn.country),
-        "response": format!("{:02}", txn.response),
-        "amount": txn.amount.to_string(),
-        "currency": format!("{:03}", txn.currency),
-        "merchant": format!("{:04}", txn.merchant),
-        "city": format!("{:05}", txn.city),
-        "code": txn.code.to_string(),
-    })
-}
 
 #[test]
 fn http_scoring_equals_offline_scoring_and_bad_input_is_refused() {
@@ -159,7 +145,9 @@ fn http_scoring_equals_offline_scoring_and_bad_input_is_refused() {
             ]
         })
         .collect();
-    for entry in walk(dir.path()) {
+    let files = support::files_under(dir.path());
+    assert!(!files.is_empty());
+    for entry in files {
         let bytes = std::fs::read(&entry).unwrap();
         for needle in &needles {
             assert!(
@@ -169,20 +157,6 @@ fn http_scoring_equals_offline_scoring_and_bad_input_is_refused() {
             );
         }
     }
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            files.extend(walk(&path));
-        } else {
-            files.push(path);
-        }
-    }
-    assert!(!files.is_empty());
-    files
 }
 
 fn free_port() -> u16 {

@@ -10,9 +10,11 @@ mod support;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
+use spate_fraud::record::Txn;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use support::fraud::{as_json, generated};
 use support::tally::{ACCOUNTS, Load, account, check_exactly_once, entries};
 use support::{Server, agent, post};
 
@@ -142,10 +144,29 @@ fn kafka_cluster_keeps_every_acknowledged_command() {
     let cluster = Cluster::start();
     let seed = seed();
     eprintln!("kafka test seed {seed} (rerun with SPATE_CRASH_SEED={seed})");
-    lost_process_and_lost_disk(&cluster, seed);
-    lost_broker(&cluster, seed);
-    paused_owner_is_fenced(&cluster);
-    bad_configuration_is_refused(&cluster);
+    let scenarios: [(&str, &dyn Fn()); 5] = [
+        ("lost process and lost disk", &|| {
+            lost_process_and_lost_disk(&cluster, seed)
+        }),
+        ("lost broker", &|| lost_broker(&cluster, seed)),
+        ("paused owner is fenced", &|| {
+            paused_owner_is_fenced(&cluster)
+        }),
+        ("card numbers never reach Kafka", &|| {
+            card_numbers_never_reach_kafka(&cluster)
+        }),
+        ("bad configuration is refused", &|| {
+            bad_configuration_is_refused(&cluster)
+        }),
+    ];
+    for (name, scenario) in scenarios {
+        let started = Instant::now();
+        scenario();
+        eprintln!(
+            "kafka scenario {name:?}: passed in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
 }
 
 /// kill -9 of spate under load, restarted on the same data directory (local snapshot + the Kafka log
@@ -311,6 +332,69 @@ fn paused_owner_is_fenced(cluster: &Cluster) {
     let reader_dir = tempfile::tempdir().unwrap();
     let reader = Server::start(reader_dir.path(), &args, None);
     assert_eq!(tags(&reader.base), vec![1, 2, 6]);
+}
+
+/// The fraud app's records on Kafka are sealed like its journal files: no broker file (log segments,
+/// indexes, the brokers' own logs) holds a scored card number, as text or as binary.
+fn card_numbers_never_reach_kafka(cluster: &Cluster) {
+    let data = tempfile::tempdir().unwrap();
+    let mut args = cluster.serve_args("fraud-cards", "2");
+    let apps = args
+        .iter()
+        .position(|a| *a == "tally")
+        .expect("--apps tally");
+    args[apps] = "fraud";
+    let server = Server::start(data.path(), &args, None);
+    let secret_cards = [
+        31_415_926_535_897u64,
+        27_182_818_284_590,
+        16_180_339_887_498,
+    ];
+    let template = generated(1_000, 1, 1)[0];
+    let body: Vec<_> = secret_cards
+        .iter()
+        .map(|&card| as_json(&Txn { card, ..template }))
+        .collect();
+    let url = format!("{}/fraud/transactions", server.base);
+    let (status, reply) = post(&agent(), &url, None, &json!(body)).expect("an HTTP answer");
+    assert_eq!(status, 200, "{reply}");
+    assert!(server.terminate().success());
+    let needles: Vec<Vec<u8>> = secret_cards
+        .iter()
+        .flat_map(|card| {
+            [
+                format!("{card:014}").into_bytes(),
+                card.to_le_bytes().to_vec(),
+            ]
+        })
+        .collect();
+    // Record bytes live in the `.log` segment files (the preallocated `.index` files hold offsets only),
+    // and the brokers' own logs end in `.log` too.
+    let files: Vec<_> = support::files_under(cluster.dir.path())
+        .into_iter()
+        .filter(|f| f.extension() == Some("log".as_ref()))
+        .collect();
+    let segments = files
+        .iter()
+        .filter(|f| f.to_string_lossy().contains("fraud-cards"))
+        .filter(|f| std::fs::metadata(f).is_ok_and(|m| m.len() > 0))
+        .count();
+    assert!(
+        segments >= 3,
+        "the topic's log segments were not found on the brokers"
+    );
+    for file in files {
+        let Ok(bytes) = std::fs::read(&file) else {
+            continue; // a broker may delete a file while the scan runs
+        };
+        for needle in &needles {
+            assert!(
+                !bytes.windows(needle.len()).any(|w| w == needle.as_slice()),
+                "{} holds a card number in clear",
+                file.display()
+            );
+        }
+    }
 }
 
 /// Unreachable brokers, a topic of another partition count and a topic with one replica are refused at

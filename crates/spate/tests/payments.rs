@@ -450,20 +450,6 @@ fn open_keyring(data_dir: &Path) -> spate_payments::keys::Keyring {
     spate_payments::keys::Keyring::open_or_create(data_dir, &kek).unwrap()
 }
 
-/// Every file under `root`, recursively.
-fn files(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(root).unwrap().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            out.extend(files(&path));
-        } else {
-            out.push(path);
-        }
-    }
-    out
-}
-
 #[test]
 fn card_numbers_and_cvcs_never_reach_disk_or_logs() {
     let dir = tempfile::tempdir().unwrap();
@@ -514,7 +500,7 @@ fn card_numbers_and_cvcs_never_reach_disk_or_logs() {
     settle(&agent, &base);
     assert!(server.terminate().success());
 
-    let mut scanned = files(&data);
+    let mut scanned = support::files_under(&data);
     assert!(
         scanned
             .iter()
@@ -554,7 +540,7 @@ fn card_numbers_and_cvcs_never_reach_disk_or_logs() {
     // The keyring is in the data directory; the key that opens it is not.
     assert!(Path::new(&data.join("payments/keyring.json")).exists());
     assert!(
-        !files(&data)
+        !support::files_under(&data)
             .iter()
             .any(|p| std::fs::read(p).unwrap() == std::fs::read(kek_of(&data)).unwrap())
     );

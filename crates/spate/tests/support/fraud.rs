@@ -9,6 +9,21 @@ use spate_fraud::rules::CaseStudyRules;
 
 pub const START_MS: u64 = 1_800_000_000_000;
 
+/// A transaction as the HTTP API takes it.
+pub fn as_json(txn: &Txn) -> Value {
+    json!({
+        "card": format!("{:014}", txn.card),
+        "timestamp": txn.timestamp.to_string(),
+        "country": format!("{:03}", txn.country),
+        "response": format!("{:02}", txn.response),
+        "amount": txn.amount.to_string(),
+        "currency": format!("{:03}", txn.currency),
+        "merchant": format!("{:04}", txn.merchant),
+        "city": format!("{:05}", txn.city),
+        "code": txn.code.to_string(),
+    })
+}
+
 /// The generator's transactions with the virtual clock `spate fraud push --start-ms --per-ms` uses.
 pub fn generated(cards: u32, count: u64, per_ms: u64) -> Vec<Txn> {
     let mut generator = TxnGenerator::new(&Seeds::default(), cards);

@@ -230,6 +230,20 @@ pub fn get(agent: &ureq::Agent, url: &str) -> (u16, Value) {
     )
 }
 
+/// Every file under `root`, recursively.
+pub fn files_under(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(root).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
 /// Polls `check` until it returns true or `timeout` passes.
 pub fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
