@@ -9,7 +9,10 @@ use spate_fraud::history::UNSCORED;
 use spate_fraud::record::Txn;
 use std::process::{Command, Stdio};
 use std::time::Duration;
-use support::fraud::{START_MS, as_json, by_rule, expected, generate_history, generated};
+use support::fraud::{
+    SECRET_CARDS, START_MS, as_json, assert_no_card_numbers, by_rule, expected, generate_history,
+    generated,
+};
 use support::{Server, agent, get, post};
 
 #[test]
@@ -115,14 +118,8 @@ fn http_scoring_equals_offline_scoring_and_bad_input_is_refused() {
     let (_, stats) = get(&agent, &format!("{}/fraud/stats", server.base));
     assert_eq!(stats["scored"], 400, "refused requests change nothing");
 
-    // Card numbers are encrypted in the journal and in the final snapshot. Distinctive numbers, so that
-    // neither their text nor their binary form can turn up by chance.
-    let secret_cards = [
-        31_415_926_535_897u64,
-        27_182_818_284_590,
-        16_180_339_887_498,
-    ];
-    let secrets: Vec<Value> = secret_cards
+    // Card numbers are encrypted in the journal and in the final snapshot.
+    let secrets: Vec<Value> = SECRET_CARDS
         .iter()
         .map(|card| {
             as_json(&Txn {
@@ -136,27 +133,9 @@ fn http_scoring_equals_offline_scoring_and_bad_input_is_refused() {
         200
     );
     assert!(server.terminate().success());
-    let needles: Vec<Vec<u8>> = secret_cards
-        .iter()
-        .flat_map(|card| {
-            [
-                format!("{card:014}").into_bytes(),
-                card.to_le_bytes().to_vec(),
-            ]
-        })
-        .collect();
     let files = support::files_under(dir.path());
     assert!(!files.is_empty());
-    for entry in files {
-        let bytes = std::fs::read(&entry).unwrap();
-        for needle in &needles {
-            assert!(
-                !bytes.windows(needle.len()).any(|w| w == needle.as_slice()),
-                "{} holds a card number in clear",
-                entry.display()
-            );
-        }
-    }
+    assert_no_card_numbers(&files, &SECRET_CARDS);
 }
 
 fn free_port() -> u16 {

@@ -14,7 +14,7 @@ use spate_fraud::record::Txn;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::fraud::{as_json, generated};
+use support::fraud::{SECRET_CARDS, as_json, assert_no_card_numbers, generated};
 use support::tally::{ACCOUNTS, Load, account, check_exactly_once, entries};
 use support::{Server, agent, post};
 
@@ -345,13 +345,8 @@ fn card_numbers_never_reach_kafka(cluster: &Cluster) {
         .expect("--apps tally");
     args[apps] = "fraud";
     let server = Server::start(data.path(), &args, None);
-    let secret_cards = [
-        31_415_926_535_897u64,
-        27_182_818_284_590,
-        16_180_339_887_498,
-    ];
     let template = generated(1_000, 1, 1)[0];
-    let body: Vec<_> = secret_cards
+    let body: Vec<_> = SECRET_CARDS
         .iter()
         .map(|&card| as_json(&Txn { card, ..template }))
         .collect();
@@ -359,15 +354,6 @@ fn card_numbers_never_reach_kafka(cluster: &Cluster) {
     let (status, reply) = post(&agent(), &url, None, &json!(body)).expect("an HTTP answer");
     assert_eq!(status, 200, "{reply}");
     assert!(server.terminate().success());
-    let needles: Vec<Vec<u8>> = secret_cards
-        .iter()
-        .flat_map(|card| {
-            [
-                format!("{card:014}").into_bytes(),
-                card.to_le_bytes().to_vec(),
-            ]
-        })
-        .collect();
     // Record bytes live in the `.log` segment files (the preallocated `.index` files hold offsets only),
     // and the brokers' own logs end in `.log` too.
     let files: Vec<_> = support::files_under(cluster.dir.path())
@@ -383,18 +369,7 @@ fn card_numbers_never_reach_kafka(cluster: &Cluster) {
         segments >= 3,
         "the topic's log segments were not found on the brokers"
     );
-    for file in files {
-        let Ok(bytes) = std::fs::read(&file) else {
-            continue; // a broker may delete a file while the scan runs
-        };
-        for needle in &needles {
-            assert!(
-                !bytes.windows(needle.len()).any(|w| w == needle.as_slice()),
-                "{} holds a card number in clear",
-                file.display()
-            );
-        }
-    }
+    assert_no_card_numbers(&files, &SECRET_CARDS);
 }
 
 /// Unreachable brokers, a topic of another partition count and a topic with one replica are refused at
