@@ -137,11 +137,9 @@ impl ProducerContext for Deliveries {
 
 pub struct KafkaLog {
     partition: PartitionId,
-    topic: String,
     /// Its own thread serves delivery reports: `BaseProducer::poll` spins or sleeps out its whole
     /// timeout, which cost a core, or 100 ms, per group commit.
     producer: ThreadedProducer<Deliveries>,
-    commit_timeout: Duration,
     first_lsn: Lsn,
     next_lsn: Lsn,
     index: Arc<Mutex<OffsetIndex>>,
@@ -199,9 +197,7 @@ impl KafkaLog {
         );
         Ok(Self {
             partition,
-            topic: config.topic.clone(),
             producer,
-            commit_timeout: config.commit_timeout,
             first_lsn,
             next_lsn,
             index,
@@ -211,8 +207,8 @@ impl KafkaLog {
     }
 
     fn send(&self, key: &[u8; KEY_BYTES], frames: &[u8]) -> Result<(), KafkaError> {
-        let deadline = Instant::now() + self.commit_timeout;
-        let mut record = BaseRecord::to(&self.topic)
+        let deadline = Instant::now() + self.config.commit_timeout;
+        let mut record = BaseRecord::to(&self.config.topic)
             .partition(i32::from(self.partition))
             .key(&key[..])
             .payload(frames);
@@ -243,7 +239,7 @@ impl KafkaLog {
             first_lsn += u64::from(count);
         }
         self.await_deliveries(pieces.len())?;
-        self.producer.commit_transaction(self.commit_timeout)
+        self.producer.commit_transaction(self.config.commit_timeout)
     }
 
     /// Waits until each of the `sent` records of this transaction is acknowledged (`acks=all`) and
@@ -251,12 +247,13 @@ impl KafkaLog {
     /// (it would poll in 100 ms slices).
     fn await_deliveries(&self, sent: usize) -> Result<(), KafkaError> {
         let timed_out = || KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut);
-        let deadline = Instant::now() + self.commit_timeout;
+        let commit_timeout = self.config.commit_timeout;
+        let deadline = Instant::now() + commit_timeout;
         let context = self.producer.context();
         let state = context.state.lock().expect("no panics while held");
         let (mut state, wait) = context
             .delivered
-            .wait_timeout_while(state, self.commit_timeout, |state| state.count < sent)
+            .wait_timeout_while(state, commit_timeout, |state| state.count < sent)
             .expect("no panics while held");
         if wait.timed_out() {
             return Err(timed_out());
