@@ -81,7 +81,7 @@ pub trait StateMachine: Any + Send {
 }
 
 /// A read model built from an app's events, on its own thread; it may lag the partitions.
-pub trait Projection: Send {
+pub trait Projection: Send + Sync {
     /// Called for every event of this app in journal order per partition (partitions interleave).
     fn apply(&mut self, partition: PartitionId, lsn: Lsn, timestamp_ms: u64, event: &[u8]);
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()>;

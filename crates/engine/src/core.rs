@@ -130,17 +130,37 @@ impl Core {
         }
     }
 
+    /// The sequence number the next follow-up from `source` must have to be applied.
+    pub fn next_follow_up_from(&self, source: PartitionId) -> u64 {
+        self.applied_from[usize::from(source)] + 1
+    }
+
     /// Every follow-up not yet acknowledged, for resending after recovery.
     pub fn unacknowledged(&self) -> impl Iterator<Item = Outgoing> + '_ {
+        (0..self.lanes.len())
+            .flat_map(|destination| self.unacknowledged_to(destination as PartitionId))
+    }
+
+    /// The follow-ups to `destination` not yet acknowledged, oldest first.
+    pub fn unacknowledged_to(
+        &self,
+        destination: PartitionId,
+    ) -> impl Iterator<Item = Outgoing> + '_ {
+        self.lanes[usize::from(destination)]
+            .unacknowledged
+            .iter()
+            .map(move |f| Outgoing {
+                destination,
+                follow_up: f.clone(),
+            })
+    }
+
+    /// Per destination, the sequence number of the oldest unacknowledged follow-up (`None`: all acknowledged).
+    pub fn oldest_unacknowledged(&self) -> Vec<Option<u64>> {
         self.lanes
             .iter()
-            .enumerate()
-            .flat_map(|(destination, lane)| {
-                lane.unacknowledged.iter().map(move |f| Outgoing {
-                    destination: destination as PartitionId,
-                    follow_up: f.clone(),
-                })
-            })
+            .map(|lane| lane.unacknowledged.front().map(|f| f.seq))
+            .collect()
     }
 
     /// Applies one record at `self.next_lsn`. Events are appended to `events`, follow-ups to `sent`;

@@ -1,19 +1,20 @@
 //! Wiring: start-up (recovery of every partition and projection), the handle callers use, shutdown.
 
 use crate::app::{AppSpec, StateMachine};
+use crate::cluster::{Command, Peers, Remote};
 use crate::core::Core;
 use crate::idempotency::IdempotencyTable;
 use crate::journal::{FileLogStore, JournalConfig, Log, LogStore};
 use crate::metrics::{EngineMetrics, PartitionMetrics};
-use crate::partition::{self, Internal, Limits, PartitionShared, Request};
+use crate::partition::{self, Feed, Internal, Limits, PartitionShared, Request};
 use crate::projection::ProjectionRuntime;
 use crate::{AppId, CommandId, EngineError, PartitionId, Reply, StartError};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use prometheus_client::registry::Registry;
 use std::any::Any;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -73,14 +74,50 @@ struct ProjectionView {
     positions: Arc<Vec<AtomicU64>>,
 }
 
+/// One partition's place in the engine, whether or not this node applies it right now.
+#[derive(Default)]
+struct Slot {
+    /// The queue of the partition's thread while this node applies the partition.
+    queue: RwLock<Option<Sender<Request>>>,
+    /// The partition and writer threads while they run; the lock also keeps one start or stop of the
+    /// partition at a time.
+    threads: Mutex<Option<[JoinHandle<()>; 2]>>,
+}
+
+/// What starting a partition needs; kept because in a cluster partitions start and stop while the
+/// engine runs.
+struct Starter {
+    logs: Arc<dyn LogStore>,
+    data_dir: PathBuf,
+    apps: Vec<AppSpec>,
+    empty_idempotency: IdempotencyTable,
+    limits: Limits,
+    queue_capacity: usize,
+    /// The projections' feeds; dropped at shutdown, so that projections end after the last writer.
+    feeds: Mutex<Option<Vec<FeedSender>>>,
+    /// Per partition, per projection: the LSN its checkpoint covers (the journal keeps what is after).
+    floors_by_partition: Vec<Vec<Arc<AtomicU64>>>,
+}
+
 struct Inner {
     partition_count: u16,
-    queues: Vec<Sender<Request>>,
-    internal: Vec<Sender<Internal>>,
+    slots: Vec<Slot>,
+    peers: Arc<Peers>,
+    /// The receiving ends of the partitions' internal channels, handed to each start of a partition.
+    internal: Vec<Receiver<Internal>>,
     shared: Vec<Arc<PartitionShared>>,
     metrics: Vec<PartitionMetrics>,
     projections: Vec<ProjectionView>,
+    starter: Starter,
 }
+
+/// A projection's feed, as each writer holds it.
+type FeedSender = (AppId, Sender<Feed>);
+/// A projection not yet running, with the receiving end of its feed.
+type FedProjection = (ProjectionRuntime, Receiver<Feed>);
+
+/// In a cluster, follow-ups that made no progress for this long are sent again (see `Peers`).
+const RESEND_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What request handlers hold: cheap to clone, usable from any thread or task.
 /// A queued command; [`Pending::reply`] resolves once it is applied and durable.
@@ -106,7 +143,6 @@ pub struct EngineHandle {
 
 pub struct Engine {
     handle: EngineHandle,
-    threads: Vec<JoinHandle<()>>,
     projection_threads: Vec<JoinHandle<()>>,
 }
 
@@ -154,9 +190,69 @@ impl Engine {
     pub fn start_on(
         logs: Arc<dyn LogStore>,
         config: EngineConfig,
-        mut apps: Vec<AppSpec>,
+        apps: Vec<AppSpec>,
         registry: &mut Registry,
     ) -> Result<Self, StartError> {
+        let partition_count = config.partitions;
+        let (engine, mut projections) = Self::prepare(logs.clone(), None, config, apps, registry)?;
+        // Opening a replicated log takes round trips (fencing the old owner, reading to the end): open
+        // every partition's at once.
+        let journals = std::thread::scope(|scope| {
+            let opening: Vec<_> = (0..partition_count)
+                .map(|partition| {
+                    let logs = &logs;
+                    scope.spawn(move || logs.open(partition))
+                })
+                .collect();
+            opening
+                .into_iter()
+                .map(|thread| thread.join().expect("opening a log does not panic"))
+                .collect::<Result<Vec<_>, _>>()
+        })?;
+        let inner = &engine.handle.inner;
+        let mut recovered = Vec::new();
+        for (partition, journal) in (0..partition_count).zip(journals) {
+            let core = inner.recover(partition, journal.as_ref())?;
+            // Before the projections run: they start caught up with what the partitions recovered.
+            for (projection, _) in &mut projections {
+                projection.catch_up(partition, journal.as_ref())?;
+            }
+            recovered.push((core, journal));
+        }
+        let engine = engine.run_projections(projections)?;
+        for (core, journal) in recovered {
+            let slot = &engine.handle.inner.slots[usize::from(core.partition)];
+            let mut threads = slot
+                .threads
+                .lock()
+                .expect("no thread panics holding a slot");
+            *threads = Some(engine.handle.inner.spawn_partition(core, journal)?);
+        }
+        Ok(engine)
+    }
+
+    /// Starts the engine as one node of a cluster: no partition runs until [`EngineHandle::activate`]
+    /// starts it (the cluster's membership decides which); commands for the others go to `remote`.
+    pub fn start_node(
+        logs: Arc<dyn LogStore>,
+        remote: Arc<dyn Remote>,
+        config: EngineConfig,
+        apps: Vec<AppSpec>,
+        registry: &mut Registry,
+    ) -> Result<Self, StartError> {
+        let (engine, projections) = Self::prepare(logs, Some(remote), config, apps, registry)?;
+        let engine = engine.run_projections(projections)?;
+        Ok(engine)
+    }
+
+    /// Checks the configuration and builds everything but the threads.
+    fn prepare(
+        logs: Arc<dyn LogStore>,
+        remote: Option<Arc<dyn Remote>>,
+        config: EngineConfig,
+        mut apps: Vec<AppSpec>,
+        registry: &mut Registry,
+    ) -> Result<(Self, Vec<FedProjection>), StartError> {
         if config.partitions == 0 {
             return Err(StartError::Config(
                 "at least one partition is needed".into(),
@@ -200,38 +296,12 @@ impl Engine {
                 )?);
             }
         }
-
-        let empty_idempotency =
-            IdempotencyTable::new(config.idempotency_window_ms, config.idempotency_entries_max);
-        // Opening a replicated log takes round trips (fencing the old owner, reading to the end): open
-        // every partition's at once.
-        let journals = std::thread::scope(|scope| {
-            let opening: Vec<_> = (0..partition_count)
-                .map(|partition| {
-                    let logs = &logs;
-                    scope.spawn(move || logs.open(partition))
-                })
-                .collect();
-            opening
-                .into_iter()
-                .map(|thread| thread.join().expect("opening a log does not panic"))
-                .collect::<Result<Vec<_>, _>>()
-        })?;
-        let mut recovered: Vec<(Core, Box<dyn Log>, PathBuf)> = Vec::new();
-        for (partition, journal) in (0..partition_count).zip(journals) {
-            let snapshot_dir = crate::partition_dir(&config.data_dir, partition).join("snapshots");
-            let core = crate::recovery::recover_partition(
-                partition,
-                partition_count,
-                &apps,
-                &empty_idempotency,
-                journal.as_ref(),
-                &snapshot_dir,
-            )?;
-            for projection in &mut projections {
-                projection.catch_up(partition, journal.as_ref())?;
+        let mut floors_by_partition: Vec<Vec<Arc<AtomicU64>>> =
+            vec![Vec::new(); usize::from(partition_count)];
+        for projection in &projections {
+            for (partition, floor) in projection.floors.iter().enumerate() {
+                floors_by_partition[partition].push(floor.clone());
             }
-            recovered.push((core, journal, snapshot_dir));
         }
 
         let internal_capacity =
@@ -239,109 +309,90 @@ impl Engine {
         let (internal_tx, internal_rx): (Vec<_>, Vec<_>) = (0..partition_count)
             .map(|_| bounded(internal_capacity))
             .unzip();
-        let peers = Arc::new(internal_tx.clone());
+        let resend_interval = remote.is_some().then_some(RESEND_INTERVAL);
         let limits = Limits {
             batch_bytes_max: config.batch_bytes_max,
             batch_records_max: config.batch_records_max,
             flush_interval: config.flush_interval,
             snapshot_interval_records: config.snapshot_interval_records,
             follow_ups_in_flight_max: config.follow_ups_in_flight_max,
+            resend_interval,
         };
-
         // Feeds are bounded: a projection that falls this many group commits behind reads the journal.
         let mut feeds = Vec::new();
-        let mut projection_threads = Vec::new();
         let mut views = Vec::new();
-        let mut floors_by_partition: Vec<Vec<Arc<AtomicU64>>> =
-            vec![Vec::new(); usize::from(partition_count)];
-        for projection in projections {
+        let mut feed_receivers = Vec::new();
+        for projection in &projections {
             let (feed_tx, feed_rx) = bounded(config.projection_feed_batches_max.max(1));
             feeds.push((projection.app, feed_tx));
+            feed_receivers.push(feed_rx);
             views.push(ProjectionView {
                 app: projection.app,
                 positions: projection.positions.clone(),
             });
-            for (partition, floor) in projection.floors.iter().enumerate() {
-                floors_by_partition[partition].push(floor.clone());
-            }
-            let name = format!("projection-{}", projection.name);
-            let thread = std::thread::Builder::new()
-                .name(name)
-                .spawn(move || projection.run(feed_rx))
-                .map_err(|e| StartError::Config(format!("spawning a projection thread: {e}")))?;
-            projection_threads.push(thread);
         }
-
-        let mut queues = Vec::new();
-        let mut partition_metrics = Vec::new();
-        let mut threads = Vec::new();
-        for (((core, log, snapshot_dir), internal), floors) in recovered
-            .into_iter()
-            .zip(internal_rx)
-            .zip(floors_by_partition)
-        {
-            let partition = core.partition;
-            let (queue_tx, queue_rx) = bounded(config.queue_capacity);
-            let metrics = metrics.for_partition(partition);
-            let (partition_thread, writer_thread) = partition::pair(
-                core,
-                log,
-                queue_rx,
-                internal,
-                peers.clone(),
-                feeds.clone(),
-                floors,
-                limits.clone(),
-                shared[usize::from(partition)].clone(),
-                metrics.clone(),
-                snapshot_dir,
-            );
-            let spawn = |name: String, body: Box<dyn FnOnce() + Send>| {
-                std::thread::Builder::new()
-                    .name(name)
-                    .spawn(body)
-                    .map_err(|e| StartError::Config(format!("spawning a partition thread: {e}")))
-            };
-            threads.push(spawn(
-                format!("partition-{partition}"),
-                Box::new(move || partition_thread.run()),
-            )?);
-            threads.push(spawn(
-                format!("journal-{partition}"),
-                Box::new(move || writer_thread.run()),
-            )?);
-            queues.push(queue_tx);
-            partition_metrics.push(metrics);
-        }
-        // Only the writers may hold feed senders: projections end when the last writer stops.
-        drop(feeds);
-
         let inner = Inner {
             partition_count,
-            queues,
-            internal: internal_tx,
+            slots: (0..partition_count).map(|_| Slot::default()).collect(),
+            peers: Arc::new(Peers::new(internal_tx, remote)),
+            internal: internal_rx,
             shared,
-            metrics: partition_metrics,
+            metrics: (0..partition_count)
+                .map(|partition| metrics.for_partition(partition))
+                .collect(),
             projections: views,
+            starter: Starter {
+                logs,
+                data_dir: config.data_dir.clone(),
+                apps,
+                empty_idempotency: IdempotencyTable::new(
+                    config.idempotency_window_ms,
+                    config.idempotency_entries_max,
+                ),
+                limits,
+                queue_capacity: config.queue_capacity,
+                feeds: Mutex::new(Some(feeds)),
+                floors_by_partition,
+            },
         };
-        Ok(Self {
+        let engine = Self {
             handle: EngineHandle {
                 inner: Arc::new(inner),
             },
-            threads,
-            projection_threads,
-        })
+            projection_threads: Vec::new(),
+        };
+        Ok((
+            engine,
+            projections.into_iter().zip(feed_receivers).collect(),
+        ))
+    }
+
+    fn run_projections(mut self, projections: Vec<FedProjection>) -> Result<Self, StartError> {
+        for (projection, feed) in projections {
+            let name = format!("projection-{}", projection.name);
+            let thread = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || projection.run(feed))
+                .map_err(|e| StartError::Config(format!("spawning a projection thread: {e}")))?;
+            self.projection_threads.push(thread);
+        }
+        Ok(self)
     }
 
     pub fn handle(&self) -> EngineHandle {
         self.handle.clone()
     }
 
-    /// Drains every partition, writes final snapshots, syncs the journals and waits for the threads.
+    /// Drains every partition this node applies, writes final snapshots, syncs the journals and waits
+    /// for the threads.
     pub fn shutdown(self) -> Result<(), String> {
+        let inner = &self.handle.inner;
         let mut errors = Vec::new();
-        let waits = self.handle.broadcast(Internal::Shutdown);
-        for (partition, wait) in waits.into_iter().enumerate() {
+        let running: Vec<PartitionId> = (0..inner.partition_count)
+            .filter(|&partition| inner.is_here(partition))
+            .collect();
+        let waits = self.handle.broadcast(&running, Internal::Shutdown);
+        for (partition, wait) in running.iter().zip(waits) {
             match wait.recv() {
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => errors.push(format!("partition {partition}: {error}")),
@@ -350,9 +401,19 @@ impl Engine {
                 )),
             }
         }
-        for thread in self.threads.into_iter().chain(self.projection_threads) {
+        for slot in &inner.slots {
+            let threads = slot.threads.lock().map(|mut t| t.take());
+            for thread in threads.ok().flatten().into_iter().flatten() {
+                if thread.join().is_err() {
+                    errors.push("a partition thread panicked".into());
+                }
+            }
+        }
+        // The writers have stopped: without the engine's own senders, projections see their feeds end.
+        drop(inner.starter.feeds.lock().map(|mut feeds| feeds.take()));
+        for thread in self.projection_threads {
             if thread.join().is_err() {
-                errors.push("a thread panicked".into());
+                errors.push("a projection thread panicked".into());
             }
         }
         if errors.is_empty() {
@@ -363,6 +424,78 @@ impl Engine {
     }
 }
 
+impl Inner {
+    fn is_here(&self, partition: PartitionId) -> bool {
+        self.peers.is_here(partition)
+    }
+
+    /// Restores a partition's state from its newest snapshot and its log.
+    fn recover(&self, partition: PartitionId, log: &dyn Log) -> Result<Core, StartError> {
+        let starter = &self.starter;
+        let snapshot_dir = crate::partition_dir(&starter.data_dir, partition).join("snapshots");
+        crate::recovery::recover_partition(
+            partition,
+            self.partition_count,
+            &starter.apps,
+            &starter.empty_idempotency,
+            log,
+            &snapshot_dir,
+        )
+    }
+
+    /// Starts the partition and writer threads of a recovered partition and opens its queue.
+    fn spawn_partition(
+        &self,
+        core: Core,
+        log: Box<dyn Log>,
+    ) -> Result<[JoinHandle<()>; 2], StartError> {
+        let partition = core.partition;
+        let index = usize::from(partition);
+        let starter = &self.starter;
+        let feeds = starter
+            .feeds
+            .lock()
+            .expect("no thread panics holding the feeds")
+            .clone()
+            .ok_or(StartError::Config("the engine is shutting down".into()))?;
+        let (queue_tx, queue_rx) = bounded(starter.queue_capacity);
+        self.shared[index].failed.store(false, Ordering::Release);
+        let (partition_thread, writer_thread) = partition::pair(
+            core,
+            log,
+            queue_rx,
+            self.internal[index].clone(),
+            self.peers.clone(),
+            feeds,
+            starter.floors_by_partition[index].clone(),
+            starter.limits.clone(),
+            self.shared[index].clone(),
+            self.metrics[index].clone(),
+            crate::partition_dir(&starter.data_dir, partition).join("snapshots"),
+        );
+        let spawn = |name: String, body: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name)
+                .spawn(body)
+                .map_err(|e| StartError::Config(format!("spawning a partition thread: {e}")))
+        };
+        let writer = spawn(
+            format!("journal-{partition}"),
+            Box::new(move || writer_thread.run()),
+        )?;
+        let applier = spawn(
+            format!("partition-{partition}"),
+            Box::new(move || partition_thread.run()),
+        )?;
+        *self.slots[index]
+            .queue
+            .write()
+            .expect("no thread panics holding a queue") = Some(queue_tx);
+        self.peers.set_here(partition, true);
+        Ok([applier, writer])
+    }
+}
+
 impl EngineHandle {
     pub fn partition_count(&self) -> u16 {
         self.inner.partition_count
@@ -370,15 +503,6 @@ impl EngineHandle {
 
     pub fn partition_of(&self, key: &[u8]) -> PartitionId {
         crate::partition_of(key, self.inner.partition_count)
-    }
-
-    fn queue(&self, partition: PartitionId) -> (&Sender<Request>, &PartitionMetrics) {
-        let index = usize::from(partition);
-        assert!(
-            index < self.inner.queues.len(),
-            "partition {partition} out of range"
-        );
-        (&self.inner.queues[index], &self.inner.metrics[index])
     }
 
     /// Submits a command and waits until it is durable. `command_id` makes retries safe: a repeat within
@@ -399,6 +523,7 @@ impl EngineHandle {
     /// Queues a command now, without waiting for it to be applied. Commands enqueued one after another
     /// on a partition are applied in that order, which is what streams rely on. A refused command comes
     /// back with its payload, so the caller can retry it (for example after [`EngineError::Overloaded`]).
+    /// In a cluster, a command for a partition another node applies is forwarded to it, in order.
     pub fn enqueue(
         &self,
         partition: PartitionId,
@@ -406,21 +531,75 @@ impl EngineHandle {
         command_id: Option<CommandId>,
         payload: Vec<u8>,
     ) -> Result<Pending, Refused> {
+        self.enqueue_at(partition, app, command_id, payload, true)
+    }
+
+    /// Like [`Self::enqueue`], but only on this node: for commands another node forwarded here, which
+    /// must not travel again (two nodes that disagree on the owner would bounce them).
+    pub fn enqueue_here(
+        &self,
+        partition: PartitionId,
+        app: AppId,
+        command_id: Option<CommandId>,
+        payload: Vec<u8>,
+    ) -> Result<Pending, Refused> {
+        self.enqueue_at(partition, app, command_id, payload, false)
+    }
+
+    fn enqueue_at(
+        &self,
+        partition: PartitionId,
+        app: AppId,
+        command_id: Option<CommandId>,
+        payload: Vec<u8>,
+        may_forward: bool,
+    ) -> Result<Pending, Refused> {
         let (reply_to, reply) = tokio::sync::oneshot::channel();
-        let (queue, metrics) = self.queue(partition);
+        let index = self.slot_index(partition);
+        let queue = self.inner.slots[index]
+            .queue
+            .read()
+            .expect("no thread panics holding a queue");
+        let Some(queue) = queue.as_ref() else {
+            drop(queue);
+            return match self.inner.peers.remote() {
+                Some(remote) if may_forward => {
+                    let command = Command {
+                        app,
+                        command_id,
+                        payload,
+                    };
+                    remote.forward(partition, command, reply_to);
+                    Ok(Pending(reply))
+                }
+                _ => Err(Refused {
+                    error: EngineError::NotOwner(partition),
+                    payload,
+                }),
+            };
+        };
         let request = Request::Command {
             app,
             command_id,
             payload,
             reply_to,
         };
-        match partition::offer(queue, request, metrics) {
+        match partition::offer(queue, request, &self.inner.metrics[index]) {
             Ok(()) => Ok(Pending(reply)),
             Err((error, Request::Command { payload, .. })) => Err(Refused { error, payload }),
             Err((error, Request::Query(_))) => {
                 unreachable!("offered a command, got back {error:?} with a query")
             }
         }
+    }
+
+    fn slot_index(&self, partition: PartitionId) -> usize {
+        let index = usize::from(partition);
+        assert!(
+            index < self.inner.slots.len(),
+            "partition {partition} out of range"
+        );
+        index
     }
 
     /// Runs `read` on the partition's state of `app` (of type `S`), in order with the commands queued
@@ -446,32 +625,123 @@ impl EngineHandle {
                 let _ = reply_to.send(durable.and(result));
             })
         });
-        let (queue, metrics) = self.queue(partition);
-        partition::offer(queue, Request::Query(query), metrics).map_err(|(error, _)| error)?;
+        let index = self.slot_index(partition);
+        {
+            let queue = self.inner.slots[index]
+                .queue
+                .read()
+                .expect("no thread panics holding a queue");
+            let Some(queue) = queue.as_ref() else {
+                if let Some(remote) = self.inner.peers.remote() {
+                    remote.query_refused(partition);
+                }
+                return Err(EngineError::NotOwner(partition));
+            };
+            partition::offer(queue, Request::Query(query), &self.inner.metrics[index])
+                .map_err(|(error, _)| error)?;
+        }
         reply.await.map_err(|_| EngineError::ShuttingDown)?
     }
 
-    /// Sends a control message to every partition; each answers on its own channel.
+    /// Sends a control message to each of `partitions`; each answers on its own channel.
     fn broadcast(
         &self,
+        partitions: &[PartitionId],
         message: fn(Sender<Result<(), String>>) -> Internal,
     ) -> Vec<Receiver<Result<(), String>>> {
-        self.inner
-            .internal
+        partitions
             .iter()
-            .map(|internal| {
+            .map(|&partition| {
                 let (done_tx, done_rx) = bounded(1);
-                let _ = internal.send(message(done_tx));
+                let _ = self.inner.peers.internal(partition).send(message(done_tx));
                 done_rx
             })
             .collect()
     }
 
-    /// Snapshots every partition now (blocking); for operators and tests.
+    /// The partitions this node applies now.
+    pub fn local_partitions(&self) -> Vec<PartitionId> {
+        (0..self.inner.partition_count)
+            .filter(|&partition| self.inner.is_here(partition))
+            .collect()
+    }
+
+    /// Snapshots every partition this node applies now (blocking); for operators and tests.
     pub fn snapshot_now(&self) -> Result<(), String> {
-        let waits = self.broadcast(Internal::Snapshot);
+        let waits = self.broadcast(&self.local_partitions(), Internal::Snapshot);
         for wait in waits {
             wait.recv().map_err(|_| "engine stopped".to_string())??;
+        }
+        Ok(())
+    }
+
+    /// Starts applying `partition` on this node (blocking: it opens the partition's log, which fences
+    /// any earlier owner, and recovers its state). Its projections read what they missed from the log.
+    pub fn activate(&self, partition: PartitionId) -> Result<(), StartError> {
+        let inner = &self.inner;
+        let index = self.slot_index(partition);
+        let mut threads = inner.slots[index]
+            .threads
+            .lock()
+            .expect("no thread panics holding a slot");
+        if threads.is_some() {
+            return Ok(());
+        }
+        let log = inner.starter.logs.open(partition)?;
+        let core = inner.recover(partition, log.as_ref())?;
+        let end_lsn = log.next_lsn();
+        for view in &inner.projections {
+            inner.shared[index].feed_dropped_end[usize::from(view.app)]
+                .fetch_max(end_lsn, Ordering::AcqRel);
+        }
+        *threads = Some(inner.spawn_partition(core, log)?);
+        Ok(())
+    }
+
+    /// Stops applying `partition` on this node: new commands for it are forwarded, queued ones fail
+    /// with [`EngineError::ShuttingDown`], and its thread writes a last snapshot (which fails harmlessly
+    /// if another node has taken the log over already).
+    pub fn deactivate(&self, partition: PartitionId) -> Result<(), String> {
+        let inner = &self.inner;
+        let index = self.slot_index(partition);
+        let mut threads = inner.slots[index]
+            .threads
+            .lock()
+            .expect("no thread panics holding a slot");
+        let Some(running) = threads.take() else {
+            return Ok(());
+        };
+        inner.peers.set_here(partition, false);
+        *inner.slots[index]
+            .queue
+            .write()
+            .expect("no thread panics holding a queue") = None;
+        let wait = self.broadcast(&[partition], Internal::Shutdown);
+        let stopped = wait[0]
+            .recv()
+            .unwrap_or_else(|_| Err("the partition thread ended without answering".into()));
+        for thread in running {
+            if thread.join().is_err() {
+                return Err(format!("a thread of partition {partition} panicked"));
+            }
+        }
+        stopped
+    }
+
+    /// Takes a follow-up or an acknowledgement another node sent to `partition`. One for a partition
+    /// this node does not apply is dropped: its sender sends it again.
+    pub fn deliver(&self, partition: PartitionId, message: &[u8]) -> Result<(), String> {
+        let inner = &self.inner;
+        if partition >= inner.partition_count {
+            return Err(format!(
+                "partition {partition} is out of range (the cluster has {})",
+                inner.partition_count
+            ));
+        }
+        let message = crate::cluster::decode_message(message, inner.partition_count)
+            .map_err(|e| format!("bad internal message: {e}"))?;
+        if inner.is_here(partition) {
+            let _ = inner.peers.internal(partition).send(message);
         }
         Ok(())
     }
@@ -481,9 +751,18 @@ impl EngineHandle {
         Health {
             partitions: inner.partition_count,
             failed_partitions: (0..inner.partition_count)
-                .filter(|&p| inner.shared[usize::from(p)].failed.load(Ordering::Acquire))
+                .filter(|&p| {
+                    inner.is_here(p) && inner.shared[usize::from(p)].failed.load(Ordering::Acquire)
+                })
                 .collect(),
-            queue_depth: inner.queues.iter().map(|q| q.len()).collect(),
+            queue_depth: inner
+                .slots
+                .iter()
+                .map(|slot| {
+                    let queue = slot.queue.read().expect("no thread panics holding a queue");
+                    queue.as_ref().map_or(0, |q| q.len())
+                })
+                .collect(),
         }
     }
 

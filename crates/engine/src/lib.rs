@@ -3,6 +3,7 @@
 //! crash. It knows no app and no network protocol; see ARCHITECTURE.md for the whole picture.
 
 mod app;
+pub mod cluster;
 mod core;
 mod engine;
 mod idempotency;
@@ -55,6 +56,10 @@ pub enum EngineError {
     ShuttingDown,
     #[error("app {0} is not enabled")]
     UnknownApp(AppId),
+    #[error(
+        "partition {0} is not served by this node and no other node could take the request (it is moving between nodes); retry shortly"
+    )]
+    NotOwner(PartitionId),
 }
 
 #[derive(Debug, Error)]

@@ -6,6 +6,7 @@
 //! acknowledgements, projection feeds). While the writer fsyncs one batch, the partition applies the next,
 //! so the batch size adapts to the load by itself.
 
+use crate::cluster::Peers;
 use crate::core::{Admission, Core, FollowUp, Outgoing};
 use crate::journal::{JournalError, Log, Lsn};
 use crate::metrics::PartitionMetrics;
@@ -20,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-pub(crate) type ReplySender = tokio::sync::oneshot::Sender<Result<Reply, EngineError>>;
+pub(crate) use crate::cluster::ReplySender;
 /// Sends a query's result once everything the query saw is durable (or reports why it is not).
 pub(crate) type Deliver = Box<dyn FnOnce(Result<(), EngineError>) + Send>;
 pub(crate) type QueryFn = Box<dyn FnOnce(&Core) -> Deliver + Send>;
@@ -118,6 +119,9 @@ pub(crate) struct Limits {
     pub flush_interval: Duration,
     pub snapshot_interval_records: u64,
     pub follow_ups_in_flight_max: usize,
+    /// In a cluster, follow-ups that made no progress for this long are sent again (a message between
+    /// nodes can be lost); `None` on a single node, where channels lose nothing.
+    pub resend_interval: Option<Duration>,
 }
 
 /// Requests taken from the queues per wake-up before the batch is offered to the writer again.
@@ -142,6 +146,10 @@ pub(crate) struct PartitionThread {
     rng: SmallRng,
     records_since_snapshot: u64,
     external_open: bool,
+    /// When `resend_stalled` runs next.
+    resend_due: Instant,
+    /// What `resend_stalled` saw last time: the oldest unacknowledged follow-up per destination.
+    oldest_at_last_check: Vec<Option<u64>>,
     /// When the last batch went to the writer; with a flush interval, the next may not go before
     /// `last_hand_off + flush_interval`, and it keeps growing until then.
     last_hand_off: Instant,
@@ -151,7 +159,7 @@ pub(crate) struct WriterThread {
     partition: PartitionId,
     log: Box<dyn Log>,
     input: Receiver<ToWriter>,
-    peers: Arc<Vec<Sender<Internal>>>,
+    peers: Arc<Peers>,
     projections: Vec<(AppId, Sender<Feed>)>,
     shared: Arc<PartitionShared>,
     metrics: PartitionMetrics,
@@ -165,7 +173,7 @@ pub(crate) fn pair(
     log: Box<dyn Log>,
     external: Receiver<Request>,
     internal: Receiver<Internal>,
-    peers: Arc<Vec<Sender<Internal>>>,
+    peers: Arc<Peers>,
     projections: Vec<(AppId, Sender<Feed>)>,
     projection_floors: Vec<Arc<AtomicU64>>,
     limits: Limits,
@@ -210,9 +218,16 @@ pub(crate) fn pair(
         rng: SmallRng::from_os_rng(),
         records_since_snapshot: 0,
         external_open: true,
+        resend_due: Instant::now(),
+        oldest_at_last_check: Vec::new(),
         last_hand_off: Instant::now(),
     };
     (partition, writer)
+}
+
+/// A moment no deadline reaches (an `Instant` cannot be infinite).
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)
 }
 
 fn now_ms() -> u64 {
@@ -236,6 +251,9 @@ impl PartitionThread {
             self.writer.clone(),
         );
         loop {
+            if Instant::now() >= self.resend_due {
+                self.resend_stalled();
+            }
             let accepting = self.external_open
                 && self.core.unacknowledged_max() < self.limits.follow_ups_in_flight_max;
             let mut select = Select::new();
@@ -252,13 +270,19 @@ impl PartitionThread {
             } else {
                 Some(select.send(&writer))
             };
-            let operation = if self.batch.is_empty() || writer_index.is_some() {
-                select.select()
-            } else {
-                match select.select_timeout(hand_off_at - now) {
+            let wake_at = [
+                (!self.batch.is_empty() && writer_index.is_none()).then_some(hand_off_at),
+                self.limits.resend_interval.map(|_| self.resend_due),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let operation = match wake_at {
+                None => select.select(),
+                Some(at) => match select.select_timeout(at.saturating_duration_since(now)) {
                     Ok(operation) => operation,
                     Err(_) => continue,
-                }
+                },
             };
             let index = operation.index();
             if Some(index) == writer_index {
@@ -459,7 +483,12 @@ impl PartitionThread {
     fn handle_internal(&mut self, message: Internal) -> Option<Sender<Result<(), String>>> {
         match message {
             Internal::FollowUp(follow_up) => {
-                if !self.core.already_applied(follow_up.source, follow_up.seq) {
+                let expected = self.core.next_follow_up_from(follow_up.source);
+                if follow_up.seq > expected {
+                    // Earlier ones were lost on the way between nodes; the source resends them in order.
+                    return None;
+                }
+                if follow_up.seq == expected {
                     let origin = Origin::FollowUp {
                         source: follow_up.source,
                         seq: follow_up.seq,
@@ -478,6 +507,26 @@ impl PartitionThread {
             Internal::Shutdown(done) => return Some(done),
         }
         None
+    }
+
+    /// Sends again, in order, the follow-ups to every destination whose oldest unacknowledged one has not
+    /// changed since the last check: in a cluster a message between nodes can be lost.
+    fn resend_stalled(&mut self) {
+        let Some(interval) = self.limits.resend_interval else {
+            self.resend_due = far_future();
+            return;
+        };
+        let oldest = self.core.oldest_unacknowledged();
+        for (destination, (now, before)) in
+            oldest.iter().zip(&self.oldest_at_last_check).enumerate()
+        {
+            if now.is_some() && now == before {
+                let stalled = self.core.unacknowledged_to(destination as PartitionId);
+                self.batch.sends.extend(stalled);
+            }
+        }
+        self.oldest_at_last_check = oldest;
+        self.resend_due = Instant::now() + interval;
     }
 
     /// Waits until every applied record is durable (or the journal failed).
@@ -626,15 +675,18 @@ impl WriterThread {
             }
         }
         for outgoing in batch.sends {
-            // A stopped destination has dropped its queue; the follow-up stays unacknowledged and is resent.
-            let _ = self.peers[usize::from(outgoing.destination)]
-                .send(Internal::FollowUp(outgoing.follow_up));
+            // A follow-up lost on the way stays unacknowledged and is resent.
+            self.peers
+                .send(outgoing.destination, Internal::FollowUp(outgoing.follow_up));
         }
         for (source, seq) in batch.acks {
-            let _ = self.peers[usize::from(source)].send(Internal::Ack {
-                destination: self.partition,
-                seq,
-            });
+            self.peers.send(
+                source,
+                Internal::Ack {
+                    destination: self.partition,
+                    seq,
+                },
+            );
         }
         if batch.record_count > 0 {
             let frames = Arc::new(batch.frames);

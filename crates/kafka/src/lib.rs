@@ -18,9 +18,11 @@
 //! `spate_engine::journal::Log` exactly as with its own files.
 
 mod log;
+mod membership;
 mod topic;
 
 pub use log::KafkaLog;
+pub use membership::{KafkaMembership, NodeIdentity};
 
 use rdkafka::ClientConfig;
 use spate_engine::PartitionId;
@@ -53,7 +55,7 @@ impl KafkaConfig {
         }
     }
 
-    fn client(&self) -> ClientConfig {
+    pub(crate) fn client(&self) -> ClientConfig {
         let mut config = ClientConfig::new();
         config
             .set("bootstrap.servers", &self.bootstrap_servers)
@@ -81,6 +83,8 @@ pub enum SetupError {
     },
     #[error("Kafka topic {topic}: {problem}")]
     Topic { topic: String, problem: String },
+    #[error("cluster membership: {0}")]
+    Membership(String),
     #[error("Kafka client: {0}")]
     Client(#[from] rdkafka::error::KafkaError),
 }

@@ -52,6 +52,7 @@ impl From<EngineError> for ApiError {
             EngineError::Overloaded => "overloaded",
             EngineError::JournalFailed => "journal_failed",
             EngineError::ShuttingDown => "shutting_down",
+            EngineError::NotOwner(_) => "partition_moving",
             EngineError::UnknownApp(_) => return Self::not_found(error.to_string()),
         };
         Self::new(StatusCode::SERVICE_UNAVAILABLE, code, error.to_string())

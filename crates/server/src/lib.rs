@@ -2,11 +2,13 @@
 //! outcomes to HTTP, and shuts down in order (stop accepting, drain, final snapshot, sync).
 
 pub mod api;
+mod cluster;
 mod observe;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use prometheus_client::registry::Registry;
+use spate_engine::cluster::{Directory, Membership};
 use spate_engine::{AppSpec, Engine, EngineConfig, EngineHandle, LogStore};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,7 +34,21 @@ pub struct ServerConfig {
     pub engine: EngineConfig,
     /// Where the partitions' logs live; `None` for the embedded journal in the data directory.
     pub logs: Option<Arc<dyn LogStore>>,
+    /// Set for a node of a cluster (which needs `logs`, a log every node can reach).
+    pub cluster: Option<ClusterSetup>,
 }
+
+/// What makes a server one node of a cluster.
+pub struct ClusterSetup {
+    /// Who owns which partition, for forwarding.
+    pub directory: Arc<dyn Directory>,
+    /// Joins the cluster once the engine runs and the node listens; from then on the membership starts
+    /// and stops partitions on the engine.
+    pub join: JoinCluster,
+}
+
+/// Joins a cluster with a running engine; see [`ClusterSetup::join`].
+pub type JoinCluster = Box<dyn FnOnce(EngineHandle) -> Result<Box<dyn Membership>, String> + Send>;
 
 /// Starts the engine and serves until SIGTERM or Ctrl-C, then shuts down cleanly.
 pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), String> {
@@ -41,9 +57,20 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
         modules.into_iter().map(|m| (m.spec, m.routes)).unzip();
     let app_names: Vec<&str> = specs.iter().map(|s| s.name).collect();
     tracing::info!(data_dir = %config.engine.data_dir.display(), partitions = config.engine.partitions, apps = ?app_names, "starting engine");
-    let started = match config.logs {
-        Some(logs) => Engine::start_on(logs, config.engine, specs, &mut registry),
-        None => Engine::start(config.engine, specs, &mut registry),
+    let partitions = config.engine.partitions;
+    let (started, cluster) = match (config.logs, config.cluster) {
+        (Some(logs), Some(setup)) => {
+            let remote = cluster::HttpRemote::start(setup.directory.clone(), partitions);
+            let started =
+                Engine::start_node(logs, remote.clone(), config.engine, specs, &mut registry);
+            (started, Some((setup, remote)))
+        }
+        (Some(logs), None) => (
+            Engine::start_on(logs, config.engine, specs, &mut registry),
+            None,
+        ),
+        (None, None) => (Engine::start(config.engine, specs, &mut registry), None),
+        (None, Some(_)) => return Err("a cluster node needs a log every node can reach".into()),
     };
     let engine = started.map_err(|e| e.to_string())?;
     let handle = engine.handle();
@@ -58,8 +85,16 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
             }
         }
     }
-    let router = observe::routes(handle.clone(), Arc::new(registry))
-        .merge(app_routes)
+    let mut router = observe::routes(handle.clone(), Arc::new(registry)).merge(app_routes);
+    if let Some((setup, remote)) = &cluster {
+        router = router
+            .layer(axum::middleware::from_fn_with_state(
+                remote.clone(),
+                cluster::forward_reads,
+            ))
+            .merge(cluster::routes(handle.clone(), setup.directory.clone()));
+    }
+    let router = router
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(axum::middleware::from_fn_with_state(
             http_metrics,
@@ -74,9 +109,32 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     // Tests and scripts wait for this line to know the port (the listen address may end in :0).
     println!("spate listening on http://{local}");
     tracing::info!(%local, "listening");
+    // A node takes partitions only once it can answer the requests other nodes forward to it.
+    let membership = match cluster {
+        Some((setup, _)) => {
+            let join = setup.join;
+            let joined = tokio::task::spawn_blocking(move || join(handle))
+                .await
+                .map_err(|e| e.to_string())?;
+            match joined {
+                Ok(membership) => Some(membership),
+                Err(error) => {
+                    let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
+                    return Err(error);
+                }
+            }
+        }
+        None => None,
+    };
     let served = axum::serve(listener, router)
         .with_graceful_shutdown(shutdown_signal())
         .await;
+    if let Some(membership) = membership {
+        tracing::info!("leaving the cluster: handing partitions over");
+        tokio::task::spawn_blocking(move || membership.leave())
+            .await
+            .map_err(|e| e.to_string())?;
+    }
     tracing::info!("stopped accepting; draining partitions and writing final snapshots");
     let stopped = tokio::task::spawn_blocking(move || engine.shutdown())
         .await

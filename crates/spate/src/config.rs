@@ -5,7 +5,7 @@ use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use serde::Deserialize;
 use spate_engine::{Durability, EngineConfig};
-use spate_server::{AppModule, ServerConfig};
+use spate_server::{AppModule, ClusterSetup, ServerConfig};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -136,6 +136,13 @@ pub struct ServeArgs {
     /// [default: 30]
     #[arg(long, env = "SPATE_KAFKA_TIMEOUT_S")]
     kafka_timeout_s: Option<u64>,
+    /// With --kafka: run as node N of a cluster; the nodes on one topic share its partitions and take
+    /// over each other's [default: a single node that applies every partition]
+    #[arg(long, env = "SPATE_NODE_ID")]
+    node_id: Option<u32>,
+    /// With --node-id: the host:port other nodes reach this node's HTTP listener at [default: --listen]
+    #[arg(long, env = "SPATE_ADVERTISE")]
+    advertise: Option<String>,
     /// ski: accepted ride times, MIN-MAX [default: 1-360]
     #[arg(long, env = "SPATE_SKI_TIMES")]
     ski_times: Option<String>,
@@ -268,7 +275,9 @@ impl ServeArgs {
                 ski_times,
                 kafka,
                 kafka_topic,
-                kafka_timeout_s
+                kafka_timeout_s,
+                node_id,
+                advertise
             );
         }
         let ski = self.ski_config()?;
@@ -355,8 +364,13 @@ impl ServeArgs {
         let apps = self
             .apps
             .unwrap_or_else(|| APPS.iter().map(|s| s.to_string()).collect());
-        let logs = match self.kafka {
-            None => None,
+        let (logs, cluster) = match self.kafka {
+            None if self.node_id.is_some() || self.advertise.is_some() => {
+                bail!(
+                    "--node-id and --advertise need --kafka: a cluster shares its journal on Kafka"
+                )
+            }
+            None => (None, None),
             Some(bootstrap) => {
                 let mut kafka = spate_kafka::KafkaConfig::new(bootstrap);
                 if let Some(topic) = self.kafka_topic {
@@ -369,9 +383,23 @@ impl ServeArgs {
                     kafka.connect_timeout = Duration::from_secs(seconds);
                     kafka.commit_timeout = Duration::from_secs(seconds);
                 }
-                let store = spate_kafka::KafkaLogStore::connect(kafka, engine.partitions)
+                let store = spate_kafka::KafkaLogStore::connect(kafka.clone(), engine.partitions)
                     .context("the Kafka cluster given by --kafka")?;
-                Some(Arc::new(store) as Arc<dyn spate_engine::LogStore>)
+                let cluster = match self.node_id {
+                    None if self.advertise.is_some() => bail!("--advertise needs --node-id"),
+                    None => None,
+                    Some(node_id) => Some(cluster_setup(
+                        kafka,
+                        node_id,
+                        self.advertise,
+                        listen,
+                        engine.partitions,
+                    )?),
+                };
+                (
+                    Some(Arc::new(store) as Arc<dyn spate_engine::LogStore>),
+                    cluster,
+                )
             }
         };
         Ok((
@@ -379,6 +407,7 @@ impl ServeArgs {
                 listen,
                 engine,
                 logs,
+                cluster,
             },
             apps,
             app_options,
@@ -402,4 +431,34 @@ impl ServeArgs {
         ski.check().map_err(anyhow::Error::msg)?;
         Ok(ski)
     }
+}
+
+/// Joins the cluster on `kafka` as node `node_id`, reachable at `advertise` (or the listen address).
+fn cluster_setup(
+    kafka: spate_kafka::KafkaConfig,
+    node_id: u32,
+    advertise: Option<String>,
+    listen: SocketAddr,
+    partitions: u16,
+) -> anyhow::Result<ClusterSetup> {
+    let address = match advertise {
+        Some(address) => address,
+        None if listen.port() == 0 => {
+            bail!(
+                "--listen with port 0 needs --advertise: other nodes must know where to reach this one"
+            )
+        }
+        None => listen.to_string(),
+    };
+    let node = spate_kafka::NodeIdentity { node_id, address };
+    let membership = spate_kafka::KafkaMembership::prepare(kafka, node, partitions)
+        .context("joining the cluster")?;
+    Ok(ClusterSetup {
+        directory: membership.directory(),
+        join: Box::new(move |engine| {
+            membership
+                .join(engine)
+                .map_err(|e| format!("joining the cluster: {e}"))
+        }),
+    })
 }

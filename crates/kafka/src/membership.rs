@@ -1,0 +1,428 @@
+//! Which node applies which engine partition, decided by Kafka's own consumer-group protocol.
+//!
+//! Every node is a member of the group `spate.<topic>` and subscribes to an empty *lease topic*,
+//! `<topic>-owners`, with one partition per engine partition: the group coordinator spreads the lease
+//! topic's partitions over the live members (cooperative-sticky, so a rebalance moves only what it must),
+//! and a node applies exactly the engine partitions whose leases it holds. A member that stops
+//! heartbeating for `SESSION_TIMEOUT` is dropped and its leases go to the others.
+//!
+//! The lease is not what keeps two nodes from writing one partition: the journal's transactional
+//! producer is (opening the log fences the previous writer). The lease only decides who should be
+//! writing; a node that lost its lease without noticing (paused, cut off) is fenced by the new owner's
+//! first `init_transactions`, and stops its partitions as soon as its consumer learns it left the group.
+//!
+//! Each member's `client.id` is `spate-node-<id>@<address>`, so the group's description (members and
+//! their assignments) is also the directory: who owns each partition and where to forward to.
+
+use crate::{KafkaConfig, SetupError};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::{ClientContext, TopicPartitionList};
+use spate_engine::cluster::{ClusterStatus, Directory, Membership, NodeStatus};
+use spate_engine::{EngineHandle, PartitionId};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A member silent for this long is dropped from the group and its partitions move (the broker's
+/// default lower bound, `group.min.session.timeout.ms`).
+const SESSION_TIMEOUT: Duration = Duration::from_secs(6);
+const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the directory reads the group's description.
+const DIRECTORY_REFRESH: Duration = Duration::from_millis(500);
+/// How often a node compares its leases with the partitions it applies (and retries a failed start).
+const RECONCILE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// This node, as other nodes and operators see it.
+#[derive(Debug, Clone)]
+pub struct NodeIdentity {
+    pub node_id: u32,
+    /// `host:port` other nodes reach this node's HTTP listener at.
+    pub address: String,
+}
+
+impl NodeIdentity {
+    fn client_id(&self) -> String {
+        format!("{CLIENT_ID_PREFIX}{}@{}", self.node_id, self.address)
+    }
+}
+
+const CLIENT_ID_PREFIX: &str = "spate-node-";
+
+/// Parses a member's `client.id` back into its identity; `None` for clients that are not spate nodes.
+fn parse_client_id(client_id: &str) -> Option<NodeIdentity> {
+    let (node_id, address) = client_id.strip_prefix(CLIENT_ID_PREFIX)?.split_once('@')?;
+    Some(NodeIdentity {
+        node_id: node_id.parse().ok()?,
+        address: address.to_string(),
+    })
+}
+
+/// A node's view of the group: the directory before it joins, the membership after.
+pub struct KafkaMembership {
+    view: Arc<GroupView>,
+}
+
+struct GroupView {
+    config: KafkaConfig,
+    node: NodeIdentity,
+    partitions: u16,
+    group: String,
+    lease_topic: String,
+    /// The last description of the group: every member and the lease partitions it holds.
+    members: RwLock<Vec<NodeStatus>>,
+}
+
+impl KafkaMembership {
+    /// Makes sure the lease topic exists and that no live member already uses `node.node_id`.
+    pub fn prepare(
+        config: KafkaConfig,
+        node: NodeIdentity,
+        partitions: u16,
+    ) -> Result<Self, SetupError> {
+        let lease_topic = format!("{}-owners", config.topic);
+        let lease = KafkaConfig {
+            topic: lease_topic.clone(),
+            ..config.clone()
+        };
+        crate::topic::ensure(&lease, partitions)?;
+        let view = Arc::new(GroupView {
+            group: format!("spate.{}", config.topic),
+            lease_topic,
+            config,
+            node,
+            partitions,
+            members: RwLock::new(Vec::new()),
+        });
+        view.refuse_duplicate_id()?;
+        Ok(Self { view })
+    }
+
+    /// The directory other parts of the node use for forwarding; valid before and after joining.
+    pub fn directory(&self) -> Arc<dyn Directory> {
+        self.view.clone()
+    }
+
+    /// Joins the group and from then on starts and stops partitions on `engine` as leases come and go.
+    pub fn join(self, engine: EngineHandle) -> Result<Box<dyn Membership>, SetupError> {
+        let context = LeaseContext {
+            engine: engine.clone(),
+            lease_topic: self.view.lease_topic.clone(),
+        };
+        let consumer: BaseConsumer<LeaseContext> = self
+            .view
+            .config
+            .client()
+            .set("group.id", &self.view.group)
+            .set("client.id", self.view.node.client_id())
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            .set(
+                "session.timeout.ms",
+                SESSION_TIMEOUT.as_millis().to_string(),
+            )
+            .set(
+                "heartbeat.interval.ms",
+                HEARTBEAT_INTERVAL.as_millis().to_string(),
+            )
+            .set("enable.auto.commit", "false")
+            .create_with_context(context)?;
+        consumer.subscribe(&[self.view.lease_topic.as_str()])?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (view, stop) = (self.view.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("cluster-membership".into())
+                .spawn(move || view.run(consumer, engine, &stop))
+                .map_err(|e| {
+                    SetupError::Membership(format!("cannot start the membership thread: {e}"))
+                })?
+        };
+        tracing::info!(node_id = self.view.node.node_id, address = %self.view.node.address, group = %self.view.group, "joined the cluster");
+        Ok(Box::new(Joined { stop, thread }))
+    }
+}
+
+struct Joined {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl Membership for Joined {
+    fn leave(self: Box<Self>) {
+        self.stop.store(true, Ordering::Release);
+        if self.thread.join().is_err() {
+            tracing::error!("the membership thread panicked");
+        }
+    }
+}
+
+impl GroupView {
+    fn describe(&self, consumer: &BaseConsumer<impl ConsumerContext>) -> Result<(), String> {
+        let groups = consumer
+            .fetch_group_list(Some(&self.group), Duration::from_secs(5))
+            .map_err(|e| e.to_string())?;
+        let mut members = Vec::new();
+        for group in groups.groups() {
+            for member in group.members() {
+                let Some(node) = parse_client_id(member.client_id()) else {
+                    continue;
+                };
+                let partitions = member
+                    .assignment()
+                    .map(|bytes| assigned_partitions(bytes, &self.lease_topic))
+                    .unwrap_or_default();
+                members.push(NodeStatus {
+                    node_id: node.node_id,
+                    address: node.address,
+                    partitions,
+                });
+            }
+        }
+        members.sort_by_key(|m| m.node_id);
+        *self
+            .members
+            .write()
+            .expect("no thread panics holding members") = members;
+        Ok(())
+    }
+
+    /// A node killed a moment ago stays a member until its session times out: wait that long for a
+    /// member with this node's id to go before calling it a duplicate.
+    fn refuse_duplicate_id(&self) -> Result<(), SetupError> {
+        let consumer: BaseConsumer = self.config.client().create()?;
+        let connected_by = Instant::now() + self.config.connect_timeout;
+        let mut deadline = None;
+        loop {
+            // A fresh cluster answers "coordinator load in progress" for a few seconds.
+            if let Err(reason) = self.describe(&consumer) {
+                if Instant::now() >= connected_by {
+                    return Err(SetupError::Membership(format!(
+                        "cannot read the group {}: {reason}",
+                        self.group
+                    )));
+                }
+                std::thread::sleep(DIRECTORY_REFRESH);
+                continue;
+            }
+            let deadline = *deadline
+                .get_or_insert_with(|| Instant::now() + SESSION_TIMEOUT + Duration::from_secs(2));
+            let same = self
+                .members
+                .read()
+                .expect("no thread panics holding members")
+                .iter()
+                .find(|m| m.node_id == self.node.node_id)
+                .cloned();
+            match same {
+                None => return Ok(()),
+                Some(other) if Instant::now() >= deadline => {
+                    return Err(SetupError::Membership(format!(
+                        "node id {} is already used by the live member at {}; give every node its own --node-id",
+                        self.node.node_id, other.address
+                    )));
+                }
+                Some(_) => std::thread::sleep(DIRECTORY_REFRESH),
+            }
+        }
+    }
+
+    fn run(&self, consumer: BaseConsumer<LeaseContext>, engine: EngineHandle, stop: &AtomicBool) {
+        let mut described_at = Instant::now() - DIRECTORY_REFRESH;
+        while !stop.load(Ordering::Acquire) {
+            // Revocations run inside poll (`LeaseContext::pre_rebalance`), before the lease moves on.
+            if let Some(Err(error)) = consumer.poll(RECONCILE_INTERVAL) {
+                tracing::warn!(%error, "cluster membership");
+            }
+            self.start_leased(&consumer, &engine);
+            if described_at.elapsed() >= DIRECTORY_REFRESH {
+                described_at = Instant::now();
+                if let Err(error) = self.describe(&consumer) {
+                    tracing::debug!(%error, "describing the cluster");
+                }
+            }
+        }
+        // Stop applying before leaving, so that the next owner's start does not have to fence us.
+        stop_partitions(&engine, &engine.local_partitions());
+        drop(consumer);
+        tracing::info!(node_id = self.node.node_id, "left the cluster");
+    }
+
+    /// Starts every leased partition not applied yet, together (each start fences the old owner and
+    /// reads the partition's log). A start that fails is tried again on the next round.
+    fn start_leased(&self, consumer: &BaseConsumer<LeaseContext>, engine: &EngineHandle) {
+        let Ok(assignment) = consumer.assignment() else {
+            return;
+        };
+        let local: BTreeSet<PartitionId> = engine.local_partitions().into_iter().collect();
+        let missing: Vec<PartitionId> = lease_partitions(&assignment, &self.lease_topic)
+            .into_iter()
+            .filter(|p| !local.contains(p))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        std::thread::scope(|scope| {
+            for &partition in &missing {
+                scope.spawn(move || {
+                    let started = Instant::now();
+                    match engine.activate(partition) {
+                        Ok(()) => tracing::info!(
+                            partition,
+                            elapsed_ms = started.elapsed().as_millis() as u64,
+                            "took partition over"
+                        ),
+                        Err(error) => {
+                            tracing::error!(partition, %error, "cannot take partition over; retrying")
+                        }
+                    }
+                });
+            }
+        });
+    }
+}
+
+fn stop_partitions(engine: &EngineHandle, partitions: &[PartitionId]) {
+    std::thread::scope(|scope| {
+        for &partition in partitions {
+            scope.spawn(move || {
+                if let Err(error) = engine.deactivate(partition) {
+                    // Expected when another node took the log over first: the last snapshot fails.
+                    tracing::info!(partition, %error, "stopped partition");
+                } else {
+                    tracing::info!(partition, "handed partition over");
+                }
+            });
+        }
+    });
+}
+
+impl Directory for GroupView {
+    fn owner_address(&self, partition: PartitionId) -> Option<String> {
+        self.members
+            .read()
+            .expect("no thread panics holding members")
+            .iter()
+            .find(|m| m.partitions.contains(&partition))
+            .map(|m| m.address.clone())
+    }
+
+    fn status(&self) -> ClusterStatus {
+        ClusterStatus {
+            node_id: self.node.node_id,
+            partitions: self.partitions,
+            nodes: self
+                .members
+                .read()
+                .expect("no thread panics holding members")
+                .clone(),
+        }
+    }
+}
+
+/// Stops partitions whose leases are taken away, inside the rebalance, before they move on.
+struct LeaseContext {
+    engine: EngineHandle,
+    lease_topic: String,
+}
+
+impl ClientContext for LeaseContext {}
+
+impl ConsumerContext for LeaseContext {
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Revoke(revoked) => {
+                let partitions = lease_partitions(revoked, &self.lease_topic);
+                tracing::info!(?partitions, "leases revoked");
+                stop_partitions(&self.engine, &partitions);
+            }
+            Rebalance::Assign(assigned) => {
+                tracing::info!(partitions = ?lease_partitions(assigned, &self.lease_topic), "leases assigned");
+            }
+            Rebalance::Error(error) => tracing::warn!(%error, "cluster rebalance failed"),
+        }
+    }
+}
+
+fn lease_partitions(list: &TopicPartitionList, lease_topic: &str) -> Vec<PartitionId> {
+    list.elements_for_topic(lease_topic)
+        .iter()
+        .filter_map(|e| PartitionId::try_from(e.partition()).ok())
+        .collect()
+}
+
+/// Reads the lease partitions out of a member's assignment as the group coordinator stores it (Kafka's
+/// `ConsumerProtocolAssignment`: `version i16`, then `[topic string, [partition i32]]`, big-endian).
+/// Anything it cannot read counts as no partitions.
+fn assigned_partitions(bytes: &[u8], lease_topic: &str) -> Vec<PartitionId> {
+    fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        let (head, tail) = (bytes.get(..n)?, bytes.get(n..)?);
+        *bytes = tail;
+        Some(head)
+    }
+    fn i16(bytes: &mut &[u8]) -> Option<i16> {
+        Some(i16::from_be_bytes(take(bytes, 2)?.try_into().ok()?))
+    }
+    fn i32(bytes: &mut &[u8]) -> Option<i32> {
+        Some(i32::from_be_bytes(take(bytes, 4)?.try_into().ok()?))
+    }
+    let parse = |mut bytes: &[u8]| -> Option<Vec<PartitionId>> {
+        let _version = i16(&mut bytes)?;
+        let mut found = Vec::new();
+        for _ in 0..i32(&mut bytes)?.max(0) {
+            let topic_len = usize::try_from(i16(&mut bytes)?).ok()?;
+            let topic = take(&mut bytes, topic_len)?;
+            for _ in 0..i32(&mut bytes)?.max(0) {
+                let partition = i32(&mut bytes)?;
+                if topic == lease_topic.as_bytes() {
+                    found.push(PartitionId::try_from(partition).ok()?);
+                }
+            }
+        }
+        Some(found)
+    };
+    let mut partitions = parse(bytes).unwrap_or_default();
+    partitions.sort_unstable();
+    partitions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_ids_carry_the_node_identity() {
+        let node = NodeIdentity {
+            node_id: 7,
+            address: "127.0.0.1:8087".into(),
+        };
+        let parsed = parse_client_id(&node.client_id()).unwrap();
+        assert_eq!(
+            (parsed.node_id, parsed.address.as_str()),
+            (7, "127.0.0.1:8087")
+        );
+        assert!(parse_client_id("rdkafka").is_none());
+        assert!(parse_client_id("spate-node-x@host:1").is_none());
+    }
+
+    #[test]
+    fn assignments_are_read_for_the_lease_topic_only() {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&1i16.to_be_bytes());
+        bytes.extend_from_slice(&2i32.to_be_bytes());
+        for (topic, partitions) in [("other", vec![0i32, 1]), ("t-owners", vec![5, 2])] {
+            bytes.extend_from_slice(&(topic.len() as i16).to_be_bytes());
+            bytes.extend_from_slice(topic.as_bytes());
+            bytes.extend_from_slice(&(partitions.len() as i32).to_be_bytes());
+            for p in partitions {
+                bytes.extend_from_slice(&p.to_be_bytes());
+            }
+        }
+        bytes.extend_from_slice(&(-1i32).to_be_bytes());
+        assert_eq!(assigned_partitions(&bytes, "t-owners"), vec![2, 5]);
+        for cut in 0..bytes.len() - 4 {
+            let partial = assigned_partitions(&bytes[..cut], "t-owners");
+            assert!(partial.is_empty(), "cut at {cut}: {partial:?}");
+        }
+    }
+}
