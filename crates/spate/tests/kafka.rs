@@ -21,6 +21,8 @@ use support::{Server, agent, post};
 /// Tags of the test's own adds, above every client's (a client's tags are its id << 32 | a counter).
 const WARM_UP_TAG: u64 = 1 << 60;
 const AFTER_BROKER_KILL_TAG: u64 = 1 << 61;
+/// Tags of the adds that show every partition is served again after a node is lost.
+const AFTER_NODE_LOSS_TAG: u64 = 1 << 62;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/kafka.sh");
 
@@ -144,7 +146,10 @@ fn kafka_cluster_keeps_every_acknowledged_command() {
     let cluster = Cluster::start();
     let seed = seed();
     eprintln!("kafka test seed {seed} (rerun with SPATE_CRASH_SEED={seed})");
-    let scenarios: [(&str, &dyn Fn()); 5] = [
+    let scenarios: [(&str, &dyn Fn()); 6] = [
+        ("three nodes: pause, kill -9, lost disk", &|| {
+            three_nodes_survive_pause_kill_and_lost_disk(&cluster, seed)
+        }),
         ("lost process and lost disk", &|| {
             lost_process_and_lost_disk(&cluster, seed)
         }),
@@ -167,6 +172,139 @@ fn kafka_cluster_keeps_every_acknowledged_command() {
             started.elapsed().as_secs_f64()
         );
     }
+}
+
+/// Three spate nodes share a topic's partitions, under load on every node. One is paused (SIGSTOP) until
+/// its partitions have moved, then resumed; another is killed (kill -9) and comes back with an empty
+/// data directory; a node with a taken id is refused. Each time the other nodes serve every partition,
+/// and in the end the log holds every acknowledged command exactly once.
+fn three_nodes_survive_pause_kill_and_lost_disk(cluster: &Cluster, seed: u64) {
+    const PARTITIONS: &str = "4";
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let listens: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let start_node = |i: usize| {
+        let id = (i + 1).to_string();
+        let mut args = cluster.serve_args("nodes", PARTITIONS);
+        args.extend(["--node-id", &id, "--listen", &listens[i]]);
+        Server::start(dirs[i].path(), &args, None)
+    };
+    let mut nodes: Vec<Option<Server>> = (0..3).map(|i| Some(start_node(i))).collect();
+    let base = |nodes: &[Option<Server>], i: usize| nodes[i].as_ref().unwrap().base.clone();
+    let first = base(&nodes, 0);
+    assert_owners(&first, &[1, 2, 3], "at start");
+    warm_up(&first, WARM_UP_TAG);
+    let loads: Vec<Load> = (0..3)
+        .map(|i| Load::start(&base(&nodes, i), seed, i as u64 * support::tally::CLIENTS))
+        .collect();
+    let loaded = support::eventually(Duration::from_secs(60), || {
+        loads.iter().map(Load::acknowledged).sum::<usize>() >= 90
+    });
+    assert!(loaded, "fewer than 90 commands acknowledged in 60 s");
+
+    // Paused: its partitions move to the others, which serve them; resumed, it rejoins.
+    nodes[2].as_ref().unwrap().signal(libc::SIGSTOP);
+    let paused_at = Instant::now();
+    assert_owners(&first, &[1, 2], "with node 3 paused");
+    warm_up(&first, AFTER_NODE_LOSS_TAG);
+    eprintln!(
+        "paused node: every partition acknowledged elsewhere after {} ms",
+        paused_at.elapsed().as_millis()
+    );
+    nodes[2].as_ref().unwrap().signal(libc::SIGCONT);
+    assert_owners(&first, &[1, 2, 3], "after node 3 resumed");
+
+    // Killed: the others take its partitions over from Kafka alone.
+    std::thread::sleep(Duration::from_millis(rng.random_range(0..1500)));
+    nodes[1].take().unwrap().kill9();
+    let killed_at = Instant::now();
+    warm_up(&first, AFTER_NODE_LOSS_TAG + ACCOUNTS as u64);
+    eprintln!(
+        "killed node: every partition acknowledged elsewhere after {} ms",
+        killed_at.elapsed().as_millis()
+    );
+    assert_owners(&first, &[1, 3], "after node 2 was killed");
+
+    // Back with an empty data directory (a lost disk), under the same id.
+    std::fs::remove_dir_all(dirs[1].path()).unwrap();
+    nodes[1] = Some(start_node(1));
+    assert_owners(
+        &first,
+        &[1, 2, 3],
+        "after node 2 came back without its disk",
+    );
+    warm_up(&base(&nodes, 1), AFTER_NODE_LOSS_TAG + 2 * ACCOUNTS as u64);
+
+    // An id that a live node uses is refused.
+    let refusal = refused_start(&[
+        "--kafka",
+        &cluster.bootstrap,
+        "--kafka-topic",
+        "nodes",
+        "--partitions",
+        PARTITIONS,
+        "--node-id",
+        "1",
+        "--listen",
+        "127.0.0.1:0",
+        "--advertise",
+        "127.0.0.1:1",
+    ]);
+    assert!(
+        refusal.contains("node id 1 is already used"),
+        "a duplicate node id was not refused clearly: {refusal}"
+    );
+
+    let mut acked = support::tally::Acked::default();
+    for load in loads {
+        acked.merge(load.finish());
+    }
+    for (i, node) in nodes.into_iter().enumerate() {
+        let status = node.unwrap().terminate();
+        assert!(
+            status.success(),
+            "node {}: clean shutdown failed: {status}",
+            i + 1
+        );
+    }
+    // One node that reads the whole log from Kafka holds every acknowledged command exactly once.
+    let reader_dir = tempfile::tempdir().unwrap();
+    let reader = Server::start(
+        reader_dir.path(),
+        &cluster.serve_args("nodes", PARTITIONS),
+        None,
+    );
+    check_exactly_once(&reader.base, &acked, &format!("seed {seed}, three nodes"));
+}
+
+/// Waits until the cluster, as `base` describes it, is exactly `node_ids` and every partition has an
+/// owner.
+fn assert_owners(base: &str, node_ids: &[u64], when: &str) {
+    let agent = agent();
+    let mut last = serde_json::Value::Null;
+    let settled = support::eventually(Duration::from_secs(40), || {
+        let (status, body) = support::get(&agent, &format!("{base}/cluster"));
+        last = body;
+        let ids: Vec<u64> = last["nodes"]
+            .as_array()
+            .map(|nodes| nodes.iter().filter_map(|n| n["node_id"].as_u64()).collect())
+            .unwrap_or_default();
+        status == 200 && ids == node_ids && last["partitions_unowned"] == 0
+    });
+    assert!(
+        settled,
+        "{when}: the cluster never became nodes {node_ids:?}: {last}"
+    );
+}
+
+/// A free TCP port on 127.0.0.1 (free when this returns; nodes of a cluster need theirs in advance).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
 }
 
 /// kill -9 of spate under load, restarted on the same data directory (local snapshot + the Kafka log
@@ -385,34 +523,16 @@ fn bad_configuration_is_refused(cluster: &Cluster) {
         "1",
     ]);
     let refused = |kafka: &str, topic: &str, partitions: &str, expected: &str| {
-        let data = tempfile::tempdir().unwrap();
-        let output = Command::new(env!("CARGO_BIN_EXE_spate"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--fraud-stream-listen",
-                "off",
-            ])
-            .args(["--apps", "tally", "--kafka-timeout-s", "3", "--data-dir"])
-            .arg(data.path())
-            .args([
-                "--kafka",
-                kafka,
-                "--kafka-topic",
-                topic,
-                "--partitions",
-                partitions,
-            ])
-            .env("RUST_BACKTRACE", "0")
-            .stdin(Stdio::null())
-            .output()
-            .expect("run spate");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(
-            !output.status.success(),
-            "started with {kafka} {topic} {partitions}"
-        );
+        let stderr = refused_start(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--kafka",
+            kafka,
+            "--kafka-topic",
+            topic,
+            "--partitions",
+            partitions,
+        ]);
         assert!(
             stderr.contains(expected),
             "expected {expected:?} in the refusal, got: {stderr}"
@@ -436,4 +556,22 @@ fn bad_configuration_is_refused(cluster: &Cluster) {
         "2",
         "has 1 replica(s); spate needs a replication factor of at least 3",
     );
+}
+
+/// Runs `spate serve --apps tally <args>` on an empty data directory, expects it to refuse to start, and
+/// returns what it said.
+fn refused_start(args: &[&str]) -> String {
+    let data = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_spate"))
+        .args(["serve", "--fraud-stream-listen", "off"])
+        .args(["--apps", "tally", "--kafka-timeout-s", "3", "--data-dir"])
+        .arg(data.path())
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run spate");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!output.status.success(), "started with {args:?}: {stderr}");
+    stderr
 }

@@ -33,9 +33,10 @@ impl Server {
         log: Stdio,
     ) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_spate"));
-        command
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data_dir);
+        command.args(["serve", "--data-dir"]).arg(data_dir);
+        if !extra.contains(&"--listen") {
+            command.args(["--listen", "127.0.0.1:0"]);
+        }
         // Tests run in parallel: never the default stream port.
         if !extra.contains(&"--fraud-stream-listen") {
             command.args(["--fraud-stream-listen", "127.0.0.1:0"]);

@@ -20,6 +20,14 @@ pub struct Acked {
     pub transfers: Vec<(String, String, u64, i64)>,
 }
 
+impl Acked {
+    /// Adds what another load acknowledged.
+    pub fn merge(&mut self, other: Acked) {
+        self.adds.extend(other.adds);
+        self.transfers.extend(other.transfers);
+    }
+}
+
 pub fn account(i: usize) -> String {
     format!("acct{i}")
 }
