@@ -8,7 +8,7 @@ use crate::journal::{FileLogStore, JournalConfig, Log, LogStore};
 use crate::metrics::{EngineMetrics, PartitionMetrics};
 use crate::partition::{self, Feed, Internal, Limits, PartitionShared, Request};
 use crate::projection::ProjectionRuntime;
-use crate::{AppId, CommandId, EngineError, PartitionId, Reply, StartError};
+use crate::{AppId, CommandId, EngineError, Lsn, PartitionId, Reply, StartError};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use prometheus_client::registry::Registry;
 use std::any::Any;
@@ -241,6 +241,16 @@ impl Engine {
         registry: &mut Registry,
     ) -> Result<Self, StartError> {
         let (engine, projections) = Self::prepare(logs, Some(remote), config, apps, registry)?;
+        // Until a partition runs here, its projections follow it from where their checkpoints end.
+        for (partition, shared) in engine.handle.inner.shared.iter().enumerate() {
+            let checkpointed = projections
+                .iter()
+                .map(|(projection, _)| projection.positions[partition].load(Ordering::Acquire))
+                .min()
+                .unwrap_or(0);
+            shared.durable_lsn.store(checkpointed, Ordering::Release);
+            shared.fed_lsn.store(checkpointed, Ordering::Release);
+        }
         let engine = engine.run_projections(projections)?;
         Ok(engine)
     }
@@ -726,6 +736,66 @@ impl EngineHandle {
             }
         }
         stopped
+    }
+
+    /// True if some app keeps a read model: then a cluster node follows the partitions other nodes apply.
+    pub fn has_projections(&self) -> bool {
+        !self.inner.projections.is_empty()
+    }
+
+    /// The LSN from which [`Self::follow`] needs `partition`'s records next.
+    pub fn followed_lsn(&self, partition: PartitionId) -> Lsn {
+        self.inner.shared[self.slot_index(partition)]
+            .fed_lsn
+            .load(Ordering::Acquire)
+    }
+
+    /// Hands the projections durable records `first_lsn..first_lsn + record_count` (`frames`) of a
+    /// partition another node applies, read from the shared log: read models on every node cover every
+    /// partition. Records this node has already followed are skipped; a gap (records not followed) is
+    /// read from the log by the projections before anything after it.
+    pub fn follow(
+        &self,
+        partition: PartitionId,
+        first_lsn: Lsn,
+        record_count: u64,
+        frames: Vec<u8>,
+    ) {
+        let inner = &self.inner;
+        let index = self.slot_index(partition);
+        if inner.is_here(partition) || inner.projections.is_empty() {
+            return;
+        }
+        let shared = &inner.shared[index];
+        let followed = shared.fed_lsn.load(Ordering::Acquire);
+        let end_lsn = first_lsn + record_count;
+        if end_lsn <= followed {
+            return;
+        }
+        if first_lsn > followed {
+            for view in &inner.projections {
+                shared.feed_dropped_end[usize::from(view.app)]
+                    .fetch_max(first_lsn, Ordering::AcqRel);
+            }
+        }
+        shared.durable_lsn.fetch_max(end_lsn, Ordering::AcqRel);
+        let frames = Arc::new(frames);
+        let feeds = inner
+            .starter
+            .feeds
+            .lock()
+            .expect("no thread panics holding the feeds");
+        for (app, feed) in feeds.iter().flatten() {
+            let sent = feed.try_send(Feed {
+                partition,
+                first_lsn,
+                frames: frames.clone(),
+            });
+            if sent.is_err() {
+                shared.feed_dropped_end[usize::from(*app)].fetch_max(end_lsn, Ordering::AcqRel);
+            }
+        }
+        shared.fed_lsn.store(end_lsn, Ordering::Release);
     }
 
     /// Takes a follow-up or an acknowledgement another node sent to `partition`. One for a partition

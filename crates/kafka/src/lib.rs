@@ -17,6 +17,7 @@
 //! **Architecture invariant:** the engine never sees Kafka: it appends and replays through
 //! `spate_engine::journal::Log` exactly as with its own files.
 
+mod follow;
 mod log;
 mod membership;
 mod topic;

@@ -30,9 +30,9 @@ const RELEASE_CHECK_INTERVAL: Duration = Duration::from_micros(20);
 
 /// What a Kafka record's key says of its frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct RecordKey {
-    first_lsn: Lsn,
-    record_count: u32,
+pub(crate) struct RecordKey {
+    pub first_lsn: Lsn,
+    pub record_count: u32,
 }
 
 impl RecordKey {
@@ -44,7 +44,7 @@ impl RecordKey {
         key
     }
 
-    fn decode(key: Option<&[u8]>) -> Result<Self, String> {
+    pub(crate) fn decode(key: Option<&[u8]>) -> Result<Self, String> {
         let key = key.ok_or("a record without a key")?;
         if key.len() != KEY_BYTES {
             return Err(format!(
@@ -89,7 +89,7 @@ impl OffsetIndex {
         self.bytes_since_entry += bytes as u64;
     }
 
-    fn start_for(&self, lsn: Lsn) -> Offset {
+    pub(crate) fn start_for(&self, lsn: Lsn) -> Offset {
         match self.entries.partition_point(|&(first, _)| first <= lsn) {
             0 => Offset::Beginning,
             after => Offset::Offset(self.entries[after - 1].1),
@@ -373,7 +373,7 @@ impl Log for KafkaLog {
 }
 
 /// A reader's client context: reaching the end of the partition is how every read ends, not an error.
-struct ReaderContext;
+pub(crate) struct ReaderContext;
 
 impl ClientContext for ReaderContext {
     fn error(&self, error: KafkaError, reason: &str) {
@@ -385,14 +385,28 @@ impl ClientContext for ReaderContext {
 
 impl ConsumerContext for ReaderContext {}
 
-type Reader = BaseConsumer<ReaderContext>;
+pub(crate) type Reader = BaseConsumer<ReaderContext>;
 
 fn reader(
     config: &KafkaConfig,
     partition: PartitionId,
     start: Offset,
 ) -> Result<Reader, JournalError> {
-    let consumer: Reader = config
+    let consumer =
+        unassigned_reader(config).map_err(|e| replicated(partition, "creating a reader", e))?;
+    let mut assignment = TopicPartitionList::new();
+    assignment
+        .add_partition_offset(&config.topic, i32::from(partition), start)
+        .map_err(|e| replicated(partition, "assigning the reader", e))?;
+    consumer
+        .assign(&assignment)
+        .map_err(|e| replicated(partition, "assigning the reader", e))?;
+    Ok(consumer)
+}
+
+/// A consumer of committed group commits that the caller assigns partitions to.
+pub(crate) fn unassigned_reader(config: &KafkaConfig) -> Result<Reader, KafkaError> {
+    config
         .client()
         .set("group.id", format!("spate.{}.reader", config.topic))
         .set("enable.auto.commit", "false")
@@ -408,15 +422,6 @@ fn reader(
         )
         .set("fetch.max.bytes", (4 * MESSAGE_BYTES_MAX).to_string())
         .create_with_context(ReaderContext)
-        .map_err(|e| replicated(partition, "creating a reader", e))?;
-    let mut assignment = TopicPartitionList::new();
-    assignment
-        .add_partition_offset(&config.topic, i32::from(partition), start)
-        .map_err(|e| replicated(partition, "assigning the reader", e))?;
-    consumer
-        .assign(&assignment)
-        .map_err(|e| replicated(partition, "assigning the reader", e))?;
-    Ok(consumer)
 }
 
 /// Reads the whole partition once (at open): where it starts and ends, and the index on the way.
@@ -583,7 +588,7 @@ fn each_record(
 }
 
 /// Errors a read outlives: the client reconnects and finds the partition's new leader itself.
-fn is_transient(error: &KafkaError) -> bool {
+pub(crate) fn is_transient(error: &KafkaError) -> bool {
     matches!(
         error.rdkafka_error_code(),
         Some(

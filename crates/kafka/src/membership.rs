@@ -14,14 +14,15 @@
 //! Each member's `client.id` is `spate-node-<id>@<address>`, so the group's description (members and
 //! their assignments) is also the directory: who owns each partition and where to forward to.
 
-use crate::{KafkaConfig, SetupError};
+use crate::log::OffsetIndex;
+use crate::{KafkaConfig, KafkaLogStore, SetupError};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::{ClientContext, TopicPartitionList};
 use spate_engine::cluster::{ClusterStatus, Directory, Membership, NodeStatus};
 use spate_engine::{EngineHandle, PartitionId};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -66,6 +67,8 @@ pub struct KafkaMembership {
 
 struct GroupView {
     config: KafkaConfig,
+    /// The journal's offset indexes, for following partitions from the right place.
+    indexes: Vec<Arc<Mutex<OffsetIndex>>>,
     node: NodeIdentity,
     partitions: u16,
     group: String,
@@ -76,11 +79,9 @@ struct GroupView {
 
 impl KafkaMembership {
     /// Makes sure the lease topic exists and that no live member already uses `node.node_id`.
-    pub fn prepare(
-        config: KafkaConfig,
-        node: NodeIdentity,
-        partitions: u16,
-    ) -> Result<Self, SetupError> {
+    pub fn prepare(store: &KafkaLogStore, node: NodeIdentity) -> Result<Self, SetupError> {
+        let config = store.config.clone();
+        let partitions = store.indexes.len() as u16;
         let lease_topic = format!("{}-owners", config.topic);
         let lease = KafkaConfig {
             topic: lease_topic.clone(),
@@ -91,6 +92,7 @@ impl KafkaMembership {
             group: format!("spate.{}", config.topic),
             lease_topic,
             config,
+            indexes: store.indexes.clone(),
             node,
             partitions,
             members: RwLock::new(Vec::new()),
@@ -129,30 +131,42 @@ impl KafkaMembership {
             .create_with_context(context)?;
         consumer.subscribe(&[self.view.lease_topic.as_str()])?;
         let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (view, stop) = (self.view.clone(), stop.clone());
+        let spawn = |name: &str, body: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
-                .name("cluster-membership".into())
-                .spawn(move || view.run(consumer, engine, &stop))
-                .map_err(|e| {
-                    SetupError::Membership(format!("cannot start the membership thread: {e}"))
-                })?
+                .name(name.into())
+                .spawn(body)
+                .map_err(|e| SetupError::Membership(format!("cannot start thread {name}: {e}")))
         };
+        let mut threads = Vec::new();
+        if engine.has_projections() {
+            let (view, stop, engine) = (self.view.clone(), stop.clone(), engine.clone());
+            threads.push(spawn(
+                "cluster-follower",
+                Box::new(move || crate::follow::run(&view.config, &view.indexes, &engine, &stop)),
+            )?);
+        }
+        let (view, stopping) = (self.view.clone(), stop.clone());
+        threads.push(spawn(
+            "cluster-membership",
+            Box::new(move || view.run(consumer, engine, &stopping)),
+        )?);
         tracing::info!(node_id = self.view.node.node_id, address = %self.view.node.address, group = %self.view.group, "joined the cluster");
-        Ok(Box::new(Joined { stop, thread }))
+        Ok(Box::new(Joined { stop, threads }))
     }
 }
 
 struct Joined {
     stop: Arc<AtomicBool>,
-    thread: JoinHandle<()>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl Membership for Joined {
     fn leave(self: Box<Self>) {
         self.stop.store(true, Ordering::Release);
-        if self.thread.join().is_err() {
-            tracing::error!("the membership thread panicked");
+        for thread in self.threads {
+            if thread.join().is_err() {
+                tracing::error!("a cluster thread panicked");
+            }
         }
     }
 }

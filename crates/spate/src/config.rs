@@ -383,18 +383,12 @@ impl ServeArgs {
                     kafka.connect_timeout = Duration::from_secs(seconds);
                     kafka.commit_timeout = Duration::from_secs(seconds);
                 }
-                let store = spate_kafka::KafkaLogStore::connect(kafka.clone(), engine.partitions)
+                let store = spate_kafka::KafkaLogStore::connect(kafka, engine.partitions)
                     .context("the Kafka cluster given by --kafka")?;
                 let cluster = match self.node_id {
                     None if self.advertise.is_some() => bail!("--advertise needs --node-id"),
                     None => None,
-                    Some(node_id) => Some(cluster_setup(
-                        kafka,
-                        node_id,
-                        self.advertise,
-                        listen,
-                        engine.partitions,
-                    )?),
+                    Some(node_id) => Some(cluster_setup(&store, node_id, self.advertise, listen)?),
                 };
                 (
                     Some(Arc::new(store) as Arc<dyn spate_engine::LogStore>),
@@ -433,13 +427,12 @@ impl ServeArgs {
     }
 }
 
-/// Joins the cluster on `kafka` as node `node_id`, reachable at `advertise` (or the listen address).
+/// Joins the cluster of the journal in `store` as node `node_id`, reachable at `advertise` (or the listen address).
 fn cluster_setup(
-    kafka: spate_kafka::KafkaConfig,
+    store: &spate_kafka::KafkaLogStore,
     node_id: u32,
     advertise: Option<String>,
     listen: SocketAddr,
-    partitions: u16,
 ) -> anyhow::Result<ClusterSetup> {
     let address = match advertise {
         Some(address) => address,
@@ -451,8 +444,8 @@ fn cluster_setup(
         None => listen.to_string(),
     };
     let node = spate_kafka::NodeIdentity { node_id, address };
-    let membership = spate_kafka::KafkaMembership::prepare(kafka, node, partitions)
-        .context("joining the cluster")?;
+    let membership =
+        spate_kafka::KafkaMembership::prepare(store, node).context("joining the cluster")?;
     Ok(ClusterSetup {
         directory: membership.directory(),
         join: Box::new(move |engine| {

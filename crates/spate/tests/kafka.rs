@@ -261,6 +261,12 @@ fn three_nodes_survive_pause_kill_and_lost_disk(cluster: &Cluster, seed: u64) {
     for load in loads {
         acked.merge(load.finish());
     }
+    // Every node answers for every partition (its reads forwarded to the owners) and its read model,
+    // which follows the other nodes' partitions from Kafka, covers them all.
+    for i in 0..3 {
+        let label = format!("seed {seed}, three nodes, node {}", i + 1);
+        check_exactly_once(&base(&nodes, i), &acked, &label);
+    }
     for (i, node) in nodes.into_iter().enumerate() {
         let status = node.unwrap().terminate();
         assert!(
