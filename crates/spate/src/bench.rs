@@ -7,6 +7,7 @@
 //! - ski: `bench_ski.rs`.
 //! - ledger: `bench_ledger.rs`.
 //! - payments: `bench_payments.rs`.
+//! - cluster (only when named, with `--kafka`): failover of three nodes, `bench_cluster.rs`.
 //! - tally: `spate load tally adds` in closed loop, then in open loop at half the rate the closed loop
 //!   achieved, so the report shows latency at a sustainable offered load as well as at saturation.
 
@@ -20,6 +21,8 @@ use std::time::Instant;
 
 /// Apps with a benchmark, in report order.
 const BENCHMARKS: &[&str] = &["fraud", "leaderboard", "ledger", "payments", "ski", "tally"];
+/// Benchmarks that run only when named: `cluster` needs a Kafka cluster (`--kafka`).
+const NAMED_ONLY: &[&str] = &["cluster"];
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -31,9 +34,12 @@ pub struct BenchArgs {
     pub ledger: crate::bench_ledger::LedgerBench,
     #[command(flatten)]
     pub payments: crate::bench_payments::PaymentsBench,
-    /// Apps to benchmark [default: all: fraud, leaderboard, ledger, payments, ski, tally]
-    #[arg(value_parser = clap::builder::PossibleValuesParser::new(BENCHMARKS))]
+    /// Apps to benchmark [default: all: fraud, leaderboard, ledger, payments, ski, tally]; `cluster`
+    /// (failover of three nodes, needs --kafka) runs only when named
+    #[arg(value_parser = clap::builder::PossibleValuesParser::new(BENCHMARKS.iter().chain(NAMED_ONLY)))]
     apps: Vec<String>,
+    #[command(flatten)]
+    pub cluster: crate::bench_cluster::ClusterBench,
     #[command(flatten)]
     pub fraud: FraudBench,
     /// Measured seconds of each HTTP load run
@@ -88,6 +94,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     } else {
         BENCHMARKS
             .iter()
+            .chain(NAMED_ONLY)
             .copied()
             .filter(|b| args.apps.iter().any(|a| a == b))
             .collect()
@@ -114,6 +121,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "ski" => crate::bench_ski::run(&args)?,
             "ledger" => crate::bench_ledger::run(&args)?,
             "payments" => crate::bench_payments::run(&args)?,
+            "cluster" => crate::bench_cluster::run(&args)?,
             other => unreachable!("no benchmark for {other}"),
         };
         report += &section;
@@ -131,19 +139,31 @@ pub struct Spawned {
     stream: String,
     /// The payments key-encrypting key, beside the temporary data directory; removed with the server.
     kek_file: PathBuf,
+    /// Killed and waited for: its pid may belong to another process now.
+    reaped: bool,
 }
 
 impl Spawned {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// Kills the server with SIGKILL (no shutdown of any kind) and reaps it.
+    pub fn kill9(mut self) -> anyhow::Result<()> {
+        self.child.kill().context("SIGKILL")?;
+        self.child.wait().context("reaping the server")?;
+        self.reaped = true;
+        Ok(())
+    }
 }
 
 impl Drop for Spawned {
     fn drop(&mut self) {
         // SIGTERM first so the server can stop cleanly; then make sure it is gone.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
+        if !self.reaped {
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let _ = self.child.wait();
+        }
         let _ = std::fs::remove_file(&self.kek_file);
     }
 }
@@ -153,24 +173,43 @@ pub fn start_server(
     app: &str,
     partitions: Option<u16>,
 ) -> anyhow::Result<Spawned> {
+    let mut args = vec![
+        "--apps".to_string(),
+        app.into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--fraud-stream-listen".into(),
+        "127.0.0.1:0".into(),
+    ];
+    if let Some(partitions) = partitions {
+        args.extend(["--partitions".into(), partitions.to_string()]);
+    }
+    if let Some(kafka) = KAFKA.get() {
+        let server = SERVERS_STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let topic = format!("bench-{}-{server}", std::process::id());
+        args.extend([
+            "--kafka".into(),
+            kafka.clone(),
+            "--kafka-topic".into(),
+            topic,
+        ]);
+    }
+    serve(data_dir, &args)
+}
+
+/// Starts `spate serve --data-dir <data_dir> <args>` and waits until it listens.
+pub fn serve(data_dir: &std::path::Path, args: &[String]) -> anyhow::Result<Spawned> {
     let kek_file = data_dir.with_extension("kek");
     let mut command = Command::new(std::env::current_exe()?);
     command
-        .args(["serve", "--apps", app, "--listen", "127.0.0.1:0"])
-        .args(["--fraud-stream-listen", "127.0.0.1:0", "--data-dir"])
+        .arg("serve")
+        .args(args)
+        .arg("--data-dir")
         .arg(data_dir)
         .env("SPATE_KEK_FILE", &kek_file)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
-    if let Some(partitions) = partitions {
-        command.args(["--partitions", &partitions.to_string()]);
-    }
-    if let Some(kafka) = KAFKA.get() {
-        let server = SERVERS_STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let topic = format!("bench-{}-{server}", std::process::id());
-        command.args(["--kafka", kafka, "--kafka-topic", &topic]);
-    }
     let mut child = command.spawn().context("starting spate serve")?;
     let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
     let mut stream = None;
@@ -184,6 +223,7 @@ pub fn start_server(
                 http: http.to_string(),
                 stream: stream.unwrap_or_default(),
                 kek_file,
+                reaped: false,
             });
         }
     }
@@ -241,7 +281,7 @@ pub fn get_json(url: &str) -> anyhow::Result<Value> {
     Ok(ureq::get(url).call()?.body_mut().read_json()?)
 }
 
-fn median(values: &mut [f64]) -> f64 {
+pub fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
 }

@@ -1,10 +1,12 @@
 //! The `spate` command line: parses options and wires the server, the engine and the apps together.
 
 mod bench;
+mod bench_cluster;
 mod bench_leaderboard;
 mod bench_ledger;
 mod bench_payments;
 mod bench_ski;
+mod cluster_cli;
 mod config;
 mod fraud_cli;
 mod ledger_cli;
@@ -43,6 +45,9 @@ enum Commands {
     Load(load_cli::LoadArgs),
     /// Benchmarks that start their own server and write a report.
     Bench(bench::BenchArgs),
+    /// A cluster's membership: which node applies which partition.
+    #[command(subcommand)]
+    Cluster(cluster_cli::ClusterCommand),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -71,5 +76,6 @@ fn main() -> anyhow::Result<()> {
         Commands::Ledger(command) => ledger_cli::run(command),
         Commands::Bench(command) => bench::run(command),
         Commands::Load(args) => load_cli::run(args),
+        Commands::Cluster(command) => cluster_cli::run(command),
     }
 }
