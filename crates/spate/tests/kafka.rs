@@ -147,9 +147,10 @@ fn kafka_cluster_keeps_every_acknowledged_command() {
     let seed = seed();
     eprintln!("kafka test seed {seed} (rerun with SPATE_CRASH_SEED={seed})");
     let scenarios: [(&str, &dyn Fn()); 6] = [
-        ("three nodes: pause, kill -9, lost disk", &|| {
-            three_nodes_survive_pause_kill_and_lost_disk(&cluster, seed)
-        }),
+        (
+            "three nodes: pause, kill -9, lost disk, rolling restart",
+            &|| three_nodes_survive_pause_kill_lost_disk_and_restarts(&cluster, seed),
+        ),
         ("lost process and lost disk", &|| {
             lost_process_and_lost_disk(&cluster, seed)
         }),
@@ -176,9 +177,10 @@ fn kafka_cluster_keeps_every_acknowledged_command() {
 
 /// Three spate nodes share a topic's partitions, under load on every node. One is paused (SIGSTOP) until
 /// its partitions have moved, then resumed; another is killed (kill -9) and comes back with an empty
-/// data directory; a node with a taken id is refused. Each time the other nodes serve every partition,
-/// and in the end the log holds every acknowledged command exactly once.
-fn three_nodes_survive_pause_kill_and_lost_disk(cluster: &Cluster, seed: u64) {
+/// data directory; a node with a taken id is refused; then every node is restarted in turn under load.
+/// Each time the other nodes serve every partition, and in the end every node's reads and read model,
+/// and the log itself, hold every acknowledged command exactly once.
+fn three_nodes_survive_pause_kill_lost_disk_and_restarts(cluster: &Cluster, seed: u64) {
     const PARTITIONS: &str = "4";
     let mut rng = StdRng::seed_from_u64(seed);
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
@@ -261,6 +263,30 @@ fn three_nodes_survive_pause_kill_and_lost_disk(cluster: &Cluster, seed: u64) {
     for load in loads {
         acked.merge(load.finish());
     }
+
+    // A rolling restart under load: each node in turn stops cleanly (handing its partitions over) and
+    // starts again, while clients of the next node see only acknowledgements, 409s and 503s.
+    for i in 0..3 {
+        let next = (i + 1) % 3;
+        let first_client = (3 + i) as u64 * support::tally::CLIENTS;
+        let load = Load::start(&base(&nodes, next), seed, first_client);
+        let loaded = support::eventually(Duration::from_secs(60), || load.acknowledged() >= 20);
+        assert!(loaded, "rolling restart: no load on node {}", next + 1);
+        let status = nodes[i].take().unwrap().terminate();
+        assert!(
+            status.success(),
+            "node {}: clean shutdown failed: {status}",
+            i + 1
+        );
+        nodes[i] = Some(start_node(i));
+        assert_owners(&base(&nodes, next), &[1, 2, 3], "after a rolling restart");
+        warm_up(
+            &base(&nodes, i),
+            AFTER_NODE_LOSS_TAG + (3 + i as u64) * ACCOUNTS as u64,
+        );
+        acked.merge(load.finish());
+    }
+
     // Every node answers for every partition (its reads forwarded to the owners) and its read model,
     // which follows the other nodes' partitions from Kafka, covers them all.
     for i in 0..3 {
