@@ -239,6 +239,29 @@ fn three_nodes_survive_pause_kill_lost_disk_and_restarts(cluster: &Cluster, seed
     );
     warm_up(&base(&nodes, 1), AFTER_NODE_LOSS_TAG + 2 * ACCOUNTS as u64);
 
+    // Hostile bytes on the routes nodes call each other on get a 400 naming the problem, and change
+    // nothing (the exactly-once checks below would see it).
+    let agent = agent();
+    for (path, body, expected) in [
+        ("0/commands", vec![0xff; 9], "bad forwarded commands"),
+        (
+            "0/commands",
+            vec![1, 0, 0, 0, 0, 7],
+            "bad forwarded commands",
+        ),
+        (
+            "0/messages",
+            vec![1, 0, 0, 0, 5, 0, 0, 0, 9],
+            "bad internal messages",
+        ),
+        ("999/commands", vec![0, 0, 0, 0], "out of range"),
+    ] {
+        let url = format!("{first}/internal/v1/partitions/{path}");
+        let (status, reply) = support::post_bytes(&agent, &url, None, body).expect("an answer");
+        assert_eq!(status, 400, "{path}: {reply}");
+        assert!(reply.to_string().contains(expected), "{path}: {reply}");
+    }
+
     // An id that a live node uses is refused.
     let refusal = refused_start(&[
         "--kafka",
