@@ -84,6 +84,25 @@ struct Slot {
     threads: Mutex<Option<[JoinHandle<()>; 2]>>,
 }
 
+impl Slot {
+    fn queue(&self) -> std::sync::RwLockReadGuard<'_, Option<Sender<Request>>> {
+        self.queue.read().expect("no thread panics holding a queue")
+    }
+
+    fn set_queue(&self, queue: Option<Sender<Request>>) {
+        *self
+            .queue
+            .write()
+            .expect("no thread panics holding a queue") = queue;
+    }
+
+    fn threads(&self) -> std::sync::MutexGuard<'_, Option<[JoinHandle<()>; 2]>> {
+        self.threads
+            .lock()
+            .expect("no thread panics holding a slot")
+    }
+}
+
 /// What starting a partition needs; kept because in a cluster partitions start and stop while the
 /// engine runs.
 struct Starter {
@@ -222,11 +241,7 @@ impl Engine {
         let engine = engine.run_projections(projections)?;
         for (core, journal) in recovered {
             let slot = &engine.handle.inner.slots[usize::from(core.partition)];
-            let mut threads = slot
-                .threads
-                .lock()
-                .expect("no thread panics holding a slot");
-            *threads = Some(engine.handle.inner.spawn_partition(core, journal)?);
+            *slot.threads() = Some(engine.handle.inner.spawn_partition(core, journal)?);
         }
         Ok(engine)
     }
@@ -412,8 +427,7 @@ impl Engine {
             }
         }
         for slot in &inner.slots {
-            let threads = slot.threads.lock().map(|mut t| t.take());
-            for thread in threads.ok().flatten().into_iter().flatten() {
+            for thread in slot.threads().take().into_iter().flatten() {
                 if thread.join().is_err() {
                     errors.push("a partition thread panicked".into());
                 }
@@ -497,10 +511,7 @@ impl Inner {
             format!("partition-{partition}"),
             Box::new(move || partition_thread.run()),
         )?;
-        *self.slots[index]
-            .queue
-            .write()
-            .expect("no thread panics holding a queue") = Some(queue_tx);
+        self.slots[index].set_queue(Some(queue_tx));
         self.peers.set_here(partition, true);
         Ok([applier, writer])
     }
@@ -566,10 +577,7 @@ impl EngineHandle {
     ) -> Result<Pending, Refused> {
         let (reply_to, reply) = tokio::sync::oneshot::channel();
         let index = self.slot_index(partition);
-        let queue = self.inner.slots[index]
-            .queue
-            .read()
-            .expect("no thread panics holding a queue");
+        let queue = self.inner.slots[index].queue();
         let Some(queue) = queue.as_ref() else {
             drop(queue);
             return match self.inner.peers.remote() {
@@ -637,10 +645,7 @@ impl EngineHandle {
         });
         let index = self.slot_index(partition);
         {
-            let queue = self.inner.slots[index]
-                .queue
-                .read()
-                .expect("no thread panics holding a queue");
+            let queue = self.inner.slots[index].queue();
             let Some(queue) = queue.as_ref() else {
                 if let Some(remote) = self.inner.peers.remote() {
                     remote.query_refused(partition);
@@ -690,10 +695,7 @@ impl EngineHandle {
     pub fn activate(&self, partition: PartitionId) -> Result<(), StartError> {
         let inner = &self.inner;
         let index = self.slot_index(partition);
-        let mut threads = inner.slots[index]
-            .threads
-            .lock()
-            .expect("no thread panics holding a slot");
+        let mut threads = inner.slots[index].threads();
         if threads.is_some() {
             return Ok(());
         }
@@ -714,18 +716,12 @@ impl EngineHandle {
     pub fn deactivate(&self, partition: PartitionId) -> Result<(), String> {
         let inner = &self.inner;
         let index = self.slot_index(partition);
-        let mut threads = inner.slots[index]
-            .threads
-            .lock()
-            .expect("no thread panics holding a slot");
+        let mut threads = inner.slots[index].threads();
         let Some(running) = threads.take() else {
             return Ok(());
         };
         inner.peers.set_here(partition, false);
-        *inner.slots[index]
-            .queue
-            .write()
-            .expect("no thread panics holding a queue") = None;
+        inner.slots[index].set_queue(None);
         let wait = self.broadcast(&[partition], Internal::Shutdown);
         let stopped = wait[0]
             .recv()
@@ -828,10 +824,7 @@ impl EngineHandle {
             queue_depth: inner
                 .slots
                 .iter()
-                .map(|slot| {
-                    let queue = slot.queue.read().expect("no thread panics holding a queue");
-                    queue.as_ref().map_or(0, |q| q.len())
-                })
+                .map(|slot| slot.queue().as_ref().map_or(0, |q| q.len()))
                 .collect(),
         }
     }
