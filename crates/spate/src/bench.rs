@@ -137,8 +137,10 @@ pub struct Spawned {
     child: Child,
     pub http: String,
     stream: String,
-    /// The payments key-encrypting key, beside the temporary data directory; removed with the server.
+    /// The payments key-encrypting key and the fraud card key, beside the temporary data directory
+    /// (a journal on Kafka needs keys that outlive it); removed with the server.
     kek_file: PathBuf,
+    fraud_key_file: PathBuf,
     /// Killed and waited for: its pid may belong to another process now.
     reaped: bool,
 }
@@ -165,6 +167,7 @@ impl Drop for Spawned {
             let _ = self.child.wait();
         }
         let _ = std::fs::remove_file(&self.kek_file);
+        let _ = std::fs::remove_file(&self.fraud_key_file);
     }
 }
 
@@ -200,6 +203,7 @@ pub fn start_server(
 /// Starts `spate serve --data-dir <data_dir> <args>` and waits until it listens.
 pub fn serve(data_dir: &std::path::Path, args: &[String]) -> anyhow::Result<Spawned> {
     let kek_file = data_dir.with_extension("kek");
+    let fraud_key_file = data_dir.with_extension("fraud-key");
     let mut command = Command::new(std::env::current_exe()?);
     command
         .arg("serve")
@@ -207,6 +211,7 @@ pub fn serve(data_dir: &std::path::Path, args: &[String]) -> anyhow::Result<Spaw
         .arg("--data-dir")
         .arg(data_dir)
         .env("SPATE_KEK_FILE", &kek_file)
+        .env("SPATE_FRAUD_KEY_FILE", &fraud_key_file)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
@@ -223,6 +228,7 @@ pub fn serve(data_dir: &std::path::Path, args: &[String]) -> anyhow::Result<Spaw
                 http: http.to_string(),
                 stream: stream.unwrap_or_default(),
                 kek_file,
+                fraud_key_file,
                 reaped: false,
             });
         }

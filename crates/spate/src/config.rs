@@ -298,6 +298,7 @@ impl ServeArgs {
                 spate_fraud::history::ENTRIES_PER_CARD_MAX
             );
         }
+        let has_fraud_key_file = self.fraud_key_file.is_some();
         let app_options = AppOptions {
             fraud_stream_listen,
             fraud_key_file: self
@@ -364,6 +365,7 @@ impl ServeArgs {
         let apps = self
             .apps
             .unwrap_or_else(|| APPS.iter().map(|s| s.to_string()).collect());
+        check_keys_for_kafka(&apps, self.kafka.is_some(), has_fraud_key_file)?;
         let (logs, cluster) = match self.kafka {
             None if self.node_id.is_some() || self.advertise.is_some() => {
                 bail!(
@@ -454,4 +456,26 @@ fn cluster_setup(
                 .map_err(|e| format!("joining the cluster: {e}"))
         }),
     })
+}
+
+/// With the journal on Kafka, card data sealed in it must stay readable when this machine's data directory
+/// is lost, and in a cluster by every node: its keys must come from outside the data directory, the same
+/// on every node.
+fn check_keys_for_kafka(apps: &[String], kafka: bool, fraud_key_file: bool) -> anyhow::Result<()> {
+    let enabled = |app: &str| apps.iter().any(|a| a == app);
+    if kafka && enabled(spate_fraud::APP_NAME) && !fraud_key_file {
+        bail!(
+            "with --kafka, fraud needs --fraud-key-file outside the data directory (and the same file on every \
+             node): the journal on Kafka outlives this machine's disk, and a key kept on it would leave the \
+             journal unreadable"
+        );
+    }
+    if kafka && enabled(spate_payments::APP_NAME) {
+        bail!(
+            "payments cannot run with --kafka yet: its data keys are kept in the data directory, which a journal \
+             on Kafka outlives, so another node (or this one after losing its disk) could not open its card \
+             data; leave it out with --apps, or run it on the embedded journal"
+        );
+    }
+    Ok(())
 }

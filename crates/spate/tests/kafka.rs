@@ -264,6 +264,8 @@ fn three_nodes_survive_pause_kill_lost_disk_and_restarts(cluster: &Cluster, seed
 
     // An id that a live node uses is refused.
     let refusal = refused_start(&[
+        "--apps",
+        "tally",
         "--kafka",
         &cluster.bootstrap,
         "--kafka-topic",
@@ -579,6 +581,8 @@ fn bad_configuration_is_refused(cluster: &Cluster) {
     ]);
     let refused = |kafka: &str, topic: &str, partitions: &str, expected: &str| {
         let stderr = refused_start(&[
+            "--apps",
+            "tally",
             "--listen",
             "127.0.0.1:0",
             "--kafka",
@@ -593,6 +597,22 @@ fn bad_configuration_is_refused(cluster: &Cluster) {
             "expected {expected:?} in the refusal, got: {stderr}"
         );
     };
+    // Card data sealed with a key on the data directory's disk, or payments' data keys kept there, would
+    // be unreadable from the journal once that disk is lost.
+    for (apps, expected) in [
+        ("fraud", "fraud needs --fraud-key-file"),
+        ("tally,payments", "payments cannot run with --kafka yet"),
+    ] {
+        let stderr = refused_start(&[
+            "--apps",
+            apps,
+            "--listen",
+            "127.0.0.1:0",
+            "--kafka",
+            &cluster.bootstrap,
+        ]);
+        assert!(stderr.contains(expected), "{apps}: {stderr}");
+    }
     refused(
         "127.0.0.1:1",
         "crash",
@@ -613,13 +633,13 @@ fn bad_configuration_is_refused(cluster: &Cluster) {
     );
 }
 
-/// Runs `spate serve --apps tally <args>` on an empty data directory, expects it to refuse to start, and
+/// Runs `spate serve <args>` on an empty data directory, expects it to refuse to start, and
 /// returns what it said.
 fn refused_start(args: &[&str]) -> String {
     let data = tempfile::tempdir().unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_spate"))
         .args(["serve", "--fraud-stream-listen", "off"])
-        .args(["--apps", "tally", "--kafka-timeout-s", "3", "--data-dir"])
+        .args(["--kafka-timeout-s", "3", "--data-dir"])
         .arg(data.path())
         .args(args)
         .env("RUST_BACKTRACE", "0")

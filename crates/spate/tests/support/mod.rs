@@ -43,8 +43,10 @@ impl Server {
         }
         command
             .args(extra)
-            // The payments key-encrypting key: beside the data directory (never inside it), never in HOME.
+            // The payments key-encrypting key and the fraud card key: beside the data directory (never
+            // inside it: a journal on Kafka outlives the data directory), never in HOME.
             .env("SPATE_KEK_FILE", data_dir.with_extension("kek"))
+            .env("SPATE_FRAUD_KEY_FILE", data_dir.with_extension("fraud-key"))
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

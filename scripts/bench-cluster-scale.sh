@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Throughput of 1, 2 and 3 spate nodes sharing a Kafka journal, all on this machine: starts a 3-broker
+# cluster (scripts/kafka.sh) in a temporary directory; for each node count starts that many nodes on a
+# new topic of six partitions, waits until every partition has an owner, then drives each scenario
+# through node 1 (so with more nodes most requests are forwarded to their partition's owner), and stops.
+#
+#   scripts/bench-cluster-scale.sh [OUT] [DURATION_S] [CONNECTIONS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-bench-results/cluster-scale}
+duration=${2:-10}
+connections=${3:-32}
+cargo build --release -p spate
+spate=target/release/spate
+mkdir -p "$out"
+dir=$(mktemp -d)
+pids=()
+stop_nodes() {
+	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+	for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+	pids=()
+}
+trap 'stop_nodes; scripts/kafka.sh stop "$dir"; rm -rf "$dir"' EXIT
+bootstrap=$(scripts/kafka.sh start "$dir" | tail -n 1)
+# Every node seals and opens card data with the same key, kept outside their data directories.
+head -c 32 /dev/urandom >"$dir/fraud.key"
+base_port=$((18100 + RANDOM % 800))
+scenarios=("tally adds" "ski rides" "ledger batch" "fraud http")
+for nodes in 1 2 3; do
+	topic="scale-$nodes-$$"
+	for n in $(seq 1 "$nodes"); do
+		port=$((base_port + n))
+		"$spate" serve --kafka "$bootstrap" --kafka-topic "$topic" --node-id "$n" \
+			--listen "127.0.0.1:$port" --data-dir "$dir/data-$nodes-$n" --partitions 6 \
+			--apps tally,ski,ledger,fraud --fraud-key-file "$dir/fraud.key" \
+			--fraud-stream-listen off >/dev/null 2>"$out/node-$nodes-$n.log" &
+		pids+=($!)
+	done
+	target="127.0.0.1:$((base_port + 1))"
+	for _ in $(seq 1 120); do
+		status=$("$spate" cluster status --node "$target" 2>/dev/null || true)
+		owners=$(echo "$status" | tail -n +3 | grep -c . || true)
+		if [[ $status == *"0 without an owner"* && $owners -eq $nodes ]]; then break; fi
+		sleep 0.5
+	done
+	echo "== $nodes node(s)"; echo "$status"
+	for scenario in "${scenarios[@]}"; do
+		# shellcheck disable=SC2086 # the scenario is two words on purpose
+		"$spate" load $scenario --target "http://$target" --connections "$connections" \
+			--duration-s "$duration" --max-error-share 1 --out "$out/$nodes-nodes" \
+			>"$out/$nodes-nodes-${scenario// /-}.txt" 2>&1 || true
+		echo "$nodes node(s), $scenario: $(grep -m1 'achieved' "$out/$nodes-nodes-${scenario// /-}.txt" || echo 'see the .txt')"
+	done
+	stop_nodes
+done
