@@ -37,11 +37,20 @@ for nodes in 1 2 3; do
 		pids+=($!)
 	done
 	target="127.0.0.1:$((base_port + 1))"
+	# Settled: every partition owned by one of the nodes, and the same answer for 5 s (a rebalance moves
+	# partitions in two rounds; requests for a moving partition get 503).
+	previous="" same=0
 	for _ in $(seq 1 120); do
 		status=$("$spate" cluster status --node "$target" 2>/dev/null || true)
 		owners=$(echo "$status" | tail -n +3 | grep -c . || true)
-		if [[ $status == *"0 without an owner"* && $owners -eq $nodes ]]; then break; fi
-		sleep 0.5
+		if [[ $status == *" 0 without an owner"* && $owners -eq $nodes && $status == "$previous" ]]; then
+			same=$((same + 1))
+			if ((same >= 5)); then break; fi
+		else
+			same=0
+		fi
+		previous=$status
+		sleep 1
 	done
 	echo "== $nodes node(s)"; echo "$status"
 	for scenario in "${scenarios[@]}"; do
