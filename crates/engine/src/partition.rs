@@ -225,11 +225,6 @@ pub(crate) fn pair(
     (partition, writer)
 }
 
-/// A moment no deadline reaches (an `Instant` cannot be infinite).
-fn far_future() -> Instant {
-    Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)
-}
-
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -251,7 +246,8 @@ impl PartitionThread {
             self.writer.clone(),
         );
         loop {
-            if Instant::now() >= self.resend_due {
+            // Only a cluster node resends (single nodes skip the clock read on this hot loop).
+            if self.limits.resend_interval.is_some() && Instant::now() >= self.resend_due {
                 self.resend_stalled();
             }
             let accepting = self.external_open
@@ -513,7 +509,6 @@ impl PartitionThread {
     /// changed since the last check: in a cluster a message between nodes can be lost.
     fn resend_stalled(&mut self) {
         let Some(interval) = self.limits.resend_interval else {
-            self.resend_due = far_future();
             return;
         };
         let oldest = self.core.oldest_unacknowledged();
