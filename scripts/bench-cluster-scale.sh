@@ -4,12 +4,15 @@
 # new topic of six partitions, waits until every partition has an owner, then drives each scenario
 # through node 1 (so with more nodes most requests are forwarded to their partition's owner), and stops.
 #
-#   scripts/bench-cluster-scale.sh [OUT] [DURATION_S] [CONNECTIONS]
+#   scripts/bench-cluster-scale.sh [OUT] [DURATION_S] [CONNECTIONS] [NODE_COUNTS]
+#   e.g. scripts/bench-cluster-scale.sh /tmp/scale 10 32 "1 2 3 1" (a count again at the end shows how much
+#   the brokers' own warm-up weighs on the first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench-results/cluster-scale}
 duration=${2:-10}
 connections=${3:-32}
+node_counts=${4:-1 2 3}
 cargo build --release -p spate
 spate=target/release/spate
 mkdir -p "$out"
@@ -26,14 +29,16 @@ bootstrap=$(scripts/kafka.sh start "$dir" | tail -n 1)
 head -c 32 /dev/urandom >"$dir/fraud.key"
 base_port=$((18100 + RANDOM % 800))
 scenarios=("tally adds" "ski rides" "ledger batch" "fraud http")
-for nodes in 1 2 3; do
-	topic="scale-$nodes-$$"
+round=0
+for nodes in $node_counts; do
+	round=$((round + 1))
+	topic="scale-$round-$nodes-$$"
 	for n in $(seq 1 "$nodes"); do
 		port=$((base_port + n))
 		"$spate" serve --kafka "$bootstrap" --kafka-topic "$topic" --node-id "$n" \
-			--listen "127.0.0.1:$port" --data-dir "$dir/data-$nodes-$n" --partitions 6 \
+			--listen "127.0.0.1:$port" --data-dir "$dir/data-$round-$n" --partitions 6 \
 			--apps tally,ski,ledger,fraud --fraud-key-file "$dir/fraud.key" \
-			--fraud-stream-listen off >/dev/null 2>"$out/node-$nodes-$n.log" &
+			--fraud-stream-listen off >/dev/null 2>"$out/node-$round-$n.log" &
 		pids+=($!)
 	done
 	target="127.0.0.1:$((base_port + 1))"
@@ -52,13 +57,13 @@ for nodes in 1 2 3; do
 		previous=$status
 		sleep 1
 	done
-	echo "== $nodes node(s)"; echo "$status"
+	echo "== round $round: $nodes node(s)"; echo "$status"
 	for scenario in "${scenarios[@]}"; do
 		# shellcheck disable=SC2086 # the scenario is two words on purpose
 		"$spate" load $scenario --target "http://$target" --connections "$connections" \
-			--duration-s "$duration" --max-error-share 1 --out "$out/$nodes-nodes" \
-			>"$out/$nodes-nodes-${scenario// /-}.txt" 2>&1 || true
-		echo "$nodes node(s), $scenario: $(grep -m1 'achieved' "$out/$nodes-nodes-${scenario// /-}.txt" || echo 'see the .txt')"
+			--duration-s "$duration" --max-error-share 1 --out "$out/$round-$nodes-nodes" \
+			>"$out/$round-$nodes-nodes-${scenario// /-}.txt" 2>&1 || true
+		echo "round $round, $nodes node(s), $scenario: $(grep -m1 'achieved' "$out/$round-$nodes-nodes-${scenario// /-}.txt" || echo 'see the .txt')"
 	done
 	stop_nodes
 done
