@@ -510,7 +510,8 @@ fn paused_owner_is_fenced(cluster: &Cluster) {
     }
     assert_eq!(add(&new.base, 6), 201);
     let tags = |base: &str| -> Vec<u64> {
-        let (status, body) = support::get(&agent, &format!("{base}/tally/accounts/z"));
+        let url = format!("{base}/tally/accounts/z");
+        let (status, body) = support::retry_while_moving(|| support::get(&agent, &url));
         assert_eq!(status, 200, "{body}");
         let mut tags: Vec<u64> = body["entries"]
             .as_array()

@@ -233,6 +233,24 @@ pub fn get(agent: &ureq::Agent, url: &str) -> (u16, Value) {
     )
 }
 
+/// How long a check waits out `503 partition_moving` answers: a rebalance can start at any moment in a
+/// cluster (a slow heartbeat on a loaded machine is enough), and takeover takes up to about 10 s.
+pub const MOVING_WAIT: Duration = Duration::from_secs(60);
+
+/// Sends `request` again while it is answered `503 partition_moving`, as a client must (the answer
+/// carries `Retry-After`), for up to [`MOVING_WAIT`]; returns the first other answer, or the last 503.
+pub fn retry_while_moving(mut request: impl FnMut() -> (u16, Value)) -> (u16, Value) {
+    let deadline = Instant::now() + MOVING_WAIT;
+    loop {
+        let (status, body) = request();
+        let moving = status == 503 && body["error"]["code"] == "partition_moving";
+        if !moving || Instant::now() > deadline {
+            return (status, body);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Every file under `root`, recursively.
 pub fn files_under(root: &Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();

@@ -2,7 +2,7 @@
 //! and record what was acknowledged, and the check that a restarted server holds every acknowledged
 //! command exactly once and nothing half-applied.
 
-use super::{agent, eventually, get, post};
+use super::{agent, eventually, get, post, retry_while_moving};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
@@ -144,10 +144,8 @@ pub fn entries(base: &str) -> HashMap<String, Vec<(u64, i64)>> {
     let agent = agent();
     (0..ACCOUNTS)
         .map(|i| {
-            let (status, body) = get(
-                &agent,
-                &format!("{base}/tally/accounts/{}?limit=10000", account(i)),
-            );
+            let url = format!("{base}/tally/accounts/{}?limit=10000", account(i));
+            let (status, body) = retry_while_moving(|| get(&agent, &url));
             let list = if status == 404 {
                 Vec::new()
             } else {
@@ -233,7 +231,7 @@ pub fn check_exactly_once(base: &str, acked: &Acked, label: &str) {
 
     // The projection, rebuilt from checkpoint + journal, agrees with the partitions.
     let projected = eventually(Duration::from_secs(10), || {
-        let (_, totals) = get(&agent, &format!("{}/tally/totals", base));
+        let (_, totals) = retry_while_moving(|| get(&agent, &format!("{base}/tally/totals")));
         totals["lag_records"] == 0
             && totals["entries"].as_u64() == Some(position.len() as u64)
             && totals["balance_sum"] == Value::String(balance_total.to_string())
@@ -248,13 +246,9 @@ pub fn check_exactly_once(base: &str, acked: &Acked, label: &str) {
         let client_id = tag >> 32;
         let key = format!("c{client_id}-{}", tag & 0xFFFF_FFFF);
         let url = format!("{}/tally/accounts/{name}/entries", base);
-        let (status, _) = post(
-            &agent,
-            &url,
-            Some(&key),
-            &json!({"amount": amount, "tag": tag}),
-        )
-        .unwrap();
+        let body = json!({"amount": amount, "tag": tag});
+        let (status, _) =
+            retry_while_moving(|| post(&agent, &url, Some(&key), &body).expect("POST answered"));
         assert_eq!(status, 201);
         let after = entries(base);
         assert_eq!(
