@@ -213,14 +213,17 @@ impl Engine {
         registry: &mut Registry,
     ) -> Result<Self, StartError> {
         let partition_count = config.partitions;
+        let data_dir = config.data_dir.clone();
         let (engine, mut projections) = Self::prepare(logs.clone(), None, config, apps, registry)?;
         // Opening a replicated log takes round trips (fencing the old owner, reading to the end): open
         // every partition's at once.
         let journals = std::thread::scope(|scope| {
             let opening: Vec<_> = (0..partition_count)
                 .map(|partition| {
-                    let logs = &logs;
-                    scope.spawn(move || logs.open(partition))
+                    let (logs, data_dir) = (&logs, &data_dir);
+                    scope.spawn(move || {
+                        logs.open(partition, &crate::snapshot_dir(data_dir, partition))
+                    })
                 })
                 .collect();
             opening
@@ -456,7 +459,7 @@ impl Inner {
     /// Restores a partition's state from its newest snapshot and its log.
     fn recover(&self, partition: PartitionId, log: &dyn Log) -> Result<Core, StartError> {
         let starter = &self.starter;
-        let snapshot_dir = crate::partition_dir(&starter.data_dir, partition).join("snapshots");
+        let snapshot_dir = crate::snapshot_dir(&starter.data_dir, partition);
         crate::recovery::recover_partition(
             partition,
             self.partition_count,
@@ -495,7 +498,7 @@ impl Inner {
             starter.limits.clone(),
             self.shared[index].clone(),
             self.metrics[index].clone(),
-            crate::partition_dir(&starter.data_dir, partition).join("snapshots"),
+            crate::snapshot_dir(&starter.data_dir, partition),
         );
         let spawn = |name: String, body: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -699,7 +702,10 @@ impl EngineHandle {
         if threads.is_some() {
             return Ok(());
         }
-        let log = inner.starter.logs.open(partition)?;
+        let log = inner.starter.logs.open(
+            partition,
+            &crate::snapshot_dir(&inner.starter.data_dir, partition),
+        )?;
         let core = inner.recover(partition, log.as_ref())?;
         let end_lsn = log.next_lsn();
         for view in &inner.projections {

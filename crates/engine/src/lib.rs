@@ -86,6 +86,14 @@ pub(crate) fn partition_dir(
     data_dir.join("partitions").join(format!("p{partition:03}"))
 }
 
+/// Where a partition's snapshots are written and looked for.
+pub(crate) fn snapshot_dir(
+    data_dir: &std::path::Path,
+    partition: PartitionId,
+) -> std::path::PathBuf {
+    partition_dir(data_dir, partition).join("snapshots")
+}
+
 pub(crate) fn app_bit(app: AppId) -> u64 {
     debug_assert!(app < 64);
     1u64 << app

@@ -81,6 +81,7 @@ enum ToWriter {
     Batch(Batch),
     Barrier(Sender<Result<(), JournalError>>),
     ReleaseBefore(Lsn),
+    SnapshotWritten(Lsn, PathBuf),
     Stop(Sender<Result<(), JournalError>>),
 }
 
@@ -545,12 +546,15 @@ impl PartitionThread {
         self.barrier()?;
         let lsn = self.core.next_lsn;
         let core = &self.core;
-        crate::snapshot::write_atomically(
+        let path = crate::snapshot::write_atomically(
             &self.snapshot_dir,
             &crate::snapshot::file_name(lsn),
             |out| crate::recovery::write_partition_snapshot(core, out),
         )
         .map_err(|e| e.to_string())?;
+        self.writer
+            .send(ToWriter::SnapshotWritten(lsn, path))
+            .expect("the writer outlives its partition");
         self.records_since_snapshot = 0;
         let kept = crate::snapshot::list(&self.snapshot_dir).map_err(|e| e.to_string())?;
         for (_, path) in kept.iter().skip(2) {
@@ -610,6 +614,7 @@ impl WriterThread {
                         tracing::warn!(partition = self.partition, %error, "could not release old journal segments");
                     }
                 }
+                ToWriter::SnapshotWritten(lsn, path) => self.log.snapshot_written(lsn, &path),
                 ToWriter::Stop(done) => {
                     let _ = done.send(self.log.sync());
                     return;

@@ -31,10 +31,6 @@ impl<W: Write> SectionWriter<W> {
         self.crc = 0;
         Ok(())
     }
-
-    pub fn into_inner(self) -> W {
-        self.inner
-    }
 }
 
 impl<W: Write> Write for SectionWriter<W> {
@@ -105,19 +101,43 @@ fn io_error(path: &Path) -> impl FnOnce(io::Error) -> JournalError + '_ {
 pub fn write_atomically(
     dir: &Path,
     name: &str,
-    write: impl FnOnce(&mut SectionWriter<BufWriter<File>>) -> io::Result<()>,
+    write: impl FnOnce(&mut SectionWriter<&mut BufWriter<File>>) -> io::Result<()>,
+) -> Result<PathBuf, JournalError> {
+    write_file_atomically(dir, name, |file| {
+        let mut out = SectionWriter::new(file);
+        out.write_all(MAGIC)?;
+        out.write_all(&VERSION.to_le_bytes())?;
+        out.end_section()?;
+        write(&mut out)
+    })
+}
+
+/// Installs in `dir` a copy of the snapshot file of LSN `lsn` made elsewhere (a replicated store's):
+/// `write` streams its bytes, as they were written. Its sections are checked when it is loaded, like
+/// any snapshot's; a copy that fails half-way leaves only a temporary file, which [`list`] removes.
+pub fn install_copy(
+    dir: &Path,
+    lsn: Lsn,
+    write: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>,
+) -> Result<PathBuf, JournalError> {
+    write_file_atomically(dir, &file_name(lsn), write)
+}
+
+/// A temporary file, fsynced, renamed into place and the directory fsynced: a crash leaves either the
+/// old file or the new one.
+fn write_file_atomically(
+    dir: &Path,
+    name: &str,
+    write: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>,
 ) -> Result<PathBuf, JournalError> {
     fs::create_dir_all(dir).map_err(io_error(dir))?;
     let path = dir.join(name);
     let temporary = dir.join(format!("{name}.tmp"));
     let file = File::create(&temporary).map_err(io_error(&temporary))?;
-    let mut out = SectionWriter::new(BufWriter::with_capacity(1 << 20, file));
+    let mut out = BufWriter::with_capacity(1 << 20, file);
     let written = (|| {
-        out.write_all(MAGIC)?;
-        out.write_all(&VERSION.to_le_bytes())?;
-        out.end_section()?;
         write(&mut out)?;
-        let file = out.into_inner().into_inner().map_err(|e| e.into_error())?;
+        let file = out.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()
     })();
     written.map_err(io_error(&temporary))?;

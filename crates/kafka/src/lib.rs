@@ -20,6 +20,7 @@
 mod follow;
 mod log;
 mod membership;
+mod snapshots;
 mod topic;
 
 pub use log::KafkaLog;
@@ -28,6 +29,7 @@ pub use membership::{KafkaMembership, NodeIdentity};
 use rdkafka::ClientConfig;
 use spate_engine::PartitionId;
 use spate_engine::journal::{JournalError, Log, LogStore, Lsn, Visit};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use thiserror::Error;
@@ -95,14 +97,17 @@ pub struct KafkaLogStore {
     config: KafkaConfig,
     /// Per partition, the offsets of some records by LSN, shared by its writer and by readers.
     indexes: Vec<Arc<Mutex<log::OffsetIndex>>>,
+    snapshots: Arc<snapshots::Uploader>,
 }
 
 impl KafkaLogStore {
-    /// Checks that the cluster answers and that the journal topic exists with `partition_count` partitions
-    /// and the required replication (creating it if it does not exist).
+    /// Checks that the cluster answers and that the journal and snapshot topics exist with
+    /// `partition_count` partitions and the required replication (creating them if they do not exist).
     pub fn connect(config: KafkaConfig, partition_count: u16) -> Result<Self, SetupError> {
-        topic::ensure(&config, partition_count)?;
+        topic::ensure(&config, partition_count, topic::Keep::Everything)?;
+        let snapshots = snapshots::Uploader::start(&config, partition_count)?;
         Ok(Self {
+            snapshots,
             indexes: (0..partition_count)
                 .map(|_| Arc::new(Mutex::new(log::OffsetIndex::default())))
                 .collect(),
@@ -121,9 +126,20 @@ impl KafkaLogStore {
 }
 
 impl LogStore for KafkaLogStore {
-    fn open(&self, partition: PartitionId) -> Result<Box<dyn Log>, JournalError> {
+    fn open(
+        &self,
+        partition: PartitionId,
+        snapshot_dir: &Path,
+    ) -> Result<Box<dyn Log>, JournalError> {
         let index = self.index(partition)?.clone();
-        Ok(Box::new(KafkaLog::open(&self.config, partition, index)?))
+        let snapshots = self.snapshots.clone();
+        Ok(Box::new(KafkaLog::open(
+            &self.config,
+            partition,
+            index,
+            snapshots,
+            snapshot_dir,
+        )?))
     }
 
     fn read_range(
@@ -135,5 +151,12 @@ impl LogStore for KafkaLogStore {
     ) -> Result<(), JournalError> {
         let index = self.index(partition)?;
         log::read(&self.config, partition, index, from, until, visit)
+    }
+}
+
+/// The snapshots queued for Kafka reach it before the process ends.
+impl Drop for KafkaLogStore {
+    fn drop(&mut self) {
+        self.snapshots.finish();
     }
 }

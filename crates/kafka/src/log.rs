@@ -1,6 +1,7 @@
 //! One engine partition's log on its Kafka topic partition: transactional appends, `read_committed`
 //! reads, and the sparse LSN -> offset index that lets a read start near the LSN it wants.
 
+use crate::snapshots::{JournalStart, Uploader};
 use crate::{KafkaConfig, MESSAGE_BYTES_MAX};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -10,6 +11,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use spate_engine::PartitionId;
 use spate_engine::journal::{JournalError, Log, Lsn, Visit};
 use spate_engine::record::{FRAME_HEADER_BYTES, Frame, read_frame};
+use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -90,9 +92,30 @@ impl OffsetIndex {
     }
 
     pub(crate) fn start_for(&self, lsn: Lsn) -> Offset {
+        match self.entry_at_or_below(lsn) {
+            None => Offset::Beginning,
+            Some((_, offset)) => Offset::Offset(offset),
+        }
+    }
+
+    /// The entry a read of `lsn` starts from: (first LSN, offset) of a record at or below it.
+    pub(crate) fn entry_at_or_below(&self, lsn: Lsn) -> Option<JournalStart> {
         match self.entries.partition_point(|&(first, _)| first <= lsn) {
-            0 => Offset::Beginning,
-            after => Offset::Offset(self.entries[after - 1].1),
+            0 => None,
+            after => Some(self.entries[after - 1]),
+        }
+    }
+
+    /// Takes a start learnt elsewhere (a snapshot's), if it is past every entry: the scan at open then
+    /// starts there instead of at the beginning of the partition.
+    fn learn(&mut self, (first_lsn, offset): JournalStart) {
+        if self
+            .entries
+            .last()
+            .is_none_or(|&(lsn, known)| lsn < first_lsn && known < offset)
+        {
+            self.entries.push((first_lsn, offset));
+            self.bytes_since_entry = 0;
         }
     }
 }
@@ -145,6 +168,7 @@ pub struct KafkaLog {
     index: Arc<Mutex<OffsetIndex>>,
     config: KafkaConfig,
     failed: bool,
+    snapshots: Arc<Uploader>,
 }
 
 fn replicated(partition: PartitionId, what: &str, error: impl std::fmt::Display) -> JournalError {
@@ -152,11 +176,14 @@ fn replicated(partition: PartitionId, what: &str, error: impl std::fmt::Display)
 }
 
 impl KafkaLog {
-    /// Takes ownership of `partition`'s log (fencing any earlier owner) and reads it to its end.
+    /// Takes ownership of `partition`'s log (fencing any earlier owner), brings its newest snapshot on
+    /// Kafka into `snapshot_dir` and reads the log to its end (from that snapshot's start, if it has one).
     pub(crate) fn open(
         config: &KafkaConfig,
         partition: PartitionId,
         index: Arc<Mutex<OffsetIndex>>,
+        snapshots: Arc<Uploader>,
+        snapshot_dir: &Path,
     ) -> Result<Self, JournalError> {
         let commit_timeout_ms = config.commit_timeout.as_millis().to_string();
         let producer: ThreadedProducer<Deliveries> = config
@@ -187,6 +214,9 @@ impl KafkaLog {
         producer
             .init_transactions(config.connect_timeout)
             .map_err(|e| replicated(partition, "taking ownership (init_transactions)", e))?;
+        if let Some(start) = crate::snapshots::fetch_newest(config, partition, snapshot_dir) {
+            index.lock().expect("no panics while held").learn(start);
+        }
         let (first_lsn, next_lsn) = scan(config, partition, &index)?;
         tracing::info!(
             partition,
@@ -203,27 +233,20 @@ impl KafkaLog {
             index,
             config: config.clone(),
             failed: false,
+            snapshots,
         })
     }
 
     fn send(&self, key: &[u8; KEY_BYTES], frames: &[u8]) -> Result<(), KafkaError> {
-        let deadline = Instant::now() + self.config.commit_timeout;
-        let mut record = BaseRecord::to(&self.config.topic)
+        let record = BaseRecord::to(&self.config.topic)
             .partition(i32::from(self.partition))
             .key(&key[..])
             .payload(frames);
-        loop {
-            match self.producer.send(record) {
-                Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
-                    if Instant::now() < deadline =>
-                {
-                    record = back;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err((error, _)) => return Err(error),
-            }
-        }
+        send_waiting_for_room(
+            &self.producer,
+            record,
+            Instant::now() + self.config.commit_timeout,
+        )
     }
 
     fn commit(&mut self, frames: &[u8], record_count: u64) -> Result<(), KafkaError> {
@@ -270,6 +293,26 @@ impl KafkaLog {
             std::thread::sleep(RELEASE_CHECK_INTERVAL);
         }
         Ok(())
+    }
+}
+
+/// Hands `record` to the producer, waiting while its queue is full, until `deadline`.
+pub(crate) fn send_waiting_for_room<C: ProducerContext>(
+    producer: &ThreadedProducer<C>,
+    mut record: BaseRecord<'_, [u8], [u8], C::DeliveryOpaque>,
+    deadline: Instant,
+) -> Result<(), KafkaError> {
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                if Instant::now() < deadline =>
+            {
+                record = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err((error, _)) => return Err(error),
+        }
     }
 }
 
@@ -370,6 +413,20 @@ impl Log for KafkaLog {
         }
         Ok(())
     }
+
+    /// Queues a copy for the snapshot topic, with where a read of the records after it may start. A
+    /// failed log (fenced, or unsure of its last commit) publishes nothing.
+    fn snapshot_written(&mut self, lsn: Lsn, path: &Path) {
+        if self.failed {
+            return;
+        }
+        let start = self
+            .index
+            .lock()
+            .expect("no panics while held")
+            .entry_at_or_below(lsn);
+        self.snapshots.publish(self.partition, lsn, path, start);
+    }
 }
 
 /// A reader's client context: reaching the end of the partition is how every read ends, not an error.
@@ -425,12 +482,59 @@ pub(crate) fn unassigned_reader(config: &KafkaConfig) -> Result<Reader, KafkaErr
 }
 
 /// Reads the whole partition once (at open): where it starts and ends, and the index on the way.
+///
+/// With an index entry (from this node's earlier time as owner, or from a snapshot), the scan starts at
+/// the last one: every entry is a committed record, so the record there starts at the entry's LSN; if it
+/// does not, the index is dropped and the scan starts again at the beginning.
 fn scan(
     config: &KafkaConfig,
     partition: PartitionId,
     index: &Mutex<OffsetIndex>,
 ) -> Result<(Lsn, Lsn), JournalError> {
+    let last_entry = index
+        .lock()
+        .expect("no panics while held")
+        .entries
+        .last()
+        .copied();
+    if let Some((entry_lsn, offset)) = last_entry {
+        let (first_seen, next_lsn) = scan_from(config, partition, index, Offset::Offset(offset))?;
+        if first_seen == Some(entry_lsn) {
+            return Ok((first_lsn(config, partition)?, next_lsn));
+        }
+        tracing::warn!(
+            partition,
+            entry_lsn,
+            offset,
+            ?first_seen,
+            "the log index does not match the log; scanning it from the beginning"
+        );
+        *index.lock().expect("no panics while held") = OffsetIndex::default();
+    }
+    let (first_lsn, next_lsn) = scan_from(config, partition, index, Offset::Beginning)?;
+    Ok((first_lsn.unwrap_or(0), next_lsn))
+}
+
+/// The first LSN the partition holds (0 if it is empty).
+fn first_lsn(config: &KafkaConfig, partition: PartitionId) -> Result<Lsn, JournalError> {
     let consumer = reader(config, partition, Offset::Beginning)?;
+    let mut first = 0;
+    each_record(&consumer, partition, |key, _, _| {
+        first = key.first_lsn;
+        Ok(Continue::No)
+    })?;
+    Ok(first)
+}
+
+/// Reads from `start` to the end, noting records in the index: the first LSN seen (if any) and the LSN
+/// after the last record.
+fn scan_from(
+    config: &KafkaConfig,
+    partition: PartitionId,
+    index: &Mutex<OffsetIndex>,
+    start: Offset,
+) -> Result<(Option<Lsn>, Lsn), JournalError> {
+    let consumer = reader(config, partition, start)?;
     let mut first_lsn = None;
     let mut next_lsn = 0;
     each_record(&consumer, partition, |key, offset, frames| {
@@ -448,7 +552,7 @@ fn scan(
             .note(key.first_lsn, offset, frames.len());
         Ok(Continue::Yes)
     })?;
-    Ok((first_lsn.unwrap_or(0), next_lsn))
+    Ok((first_lsn, next_lsn))
 }
 
 /// Calls `visit` with every record `from..until` of `partition`, checking that LSNs follow on.

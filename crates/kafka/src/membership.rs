@@ -87,7 +87,7 @@ impl KafkaMembership {
             topic: lease_topic.clone(),
             ..config.clone()
         };
-        crate::topic::ensure(&lease, partitions)?;
+        crate::topic::ensure(&lease, partitions, crate::topic::Keep::Everything)?;
         let view = Arc::new(GroupView {
             group: format!("spate.{}", config.topic),
             lease_topic,

@@ -1,6 +1,7 @@
-//! The journal topic: created on first start, checked on every start. A topic that could lose an
-//! acknowledged record (fewer than three replicas, fewer than two in sync, limited retention) or whose
-//! partition count differs from the engine's is refused with a message that says which.
+//! spate's topics (the journal, its leases, its snapshots): created on first start, checked on every
+//! start. A topic that could lose an acknowledged record (fewer than three replicas, fewer than two in
+//! sync, limited retention where everything must be kept) or whose partition count differs from the
+//! engine's is refused with a message that says which.
 
 use crate::{KafkaConfig, MESSAGE_BYTES_MAX, MIN_INSYNC_REPLICAS, REPLICATION_FACTOR, SetupError};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
@@ -12,7 +13,20 @@ use std::time::{Duration, Instant};
 /// How often start-up asks again while the cluster is still coming up.
 const RETRY_INTERVAL: Duration = Duration::from_millis(500);
 
-pub(crate) fn ensure(config: &KafkaConfig, partition_count: u16) -> Result<(), SetupError> {
+/// How long a topic keeps its records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Keep {
+    /// Every record, forever (the journal: the only complete copy of history).
+    Everything,
+    /// Records younger than this (snapshots: a newer one supersedes them, and the journal has it all).
+    For(Duration),
+}
+
+pub(crate) fn ensure(
+    config: &KafkaConfig,
+    partition_count: u16,
+    keep: Keep,
+) -> Result<(), SetupError> {
     let deadline = Instant::now() + config.connect_timeout;
     let consumer: BaseConsumer = config.client().create()?;
     let admin: AdminClient<DefaultClientContext> = config.client().create()?;
@@ -50,7 +64,7 @@ pub(crate) fn ensure(config: &KafkaConfig, partition_count: u16) -> Result<(), S
                     std::thread::sleep(RETRY_INTERVAL);
                     continue;
                 }
-                create(&admin, config, partition_count, deadline)?;
+                create(&admin, config, partition_count, keep, deadline)?;
                 continue;
             }
             Some(RDKafkaErrorCode::LeaderNotAvailable) if Instant::now() < deadline => {
@@ -78,12 +92,12 @@ pub(crate) fn ensure(config: &KafkaConfig, partition_count: u16) -> Result<(), S
                 short.replicas().len()
             )));
         }
-        check_configs(&admin, config, deadline)?;
+        check_configs(&admin, config, keep, deadline)?;
         tracing::info!(
             topic = %config.topic,
             partitions = partitions.len(),
             brokers,
-            "Kafka journal topic ready"
+            "Kafka topic ready"
         );
         return Ok(());
     }
@@ -93,9 +107,14 @@ fn create(
     admin: &AdminClient<DefaultClientContext>,
     config: &KafkaConfig,
     partition_count: u16,
+    keep: Keep,
     deadline: Instant,
 ) -> Result<(), SetupError> {
     let message_bytes_max = MESSAGE_BYTES_MAX.to_string();
+    let retention_ms = match keep {
+        Keep::Everything => "-1".to_string(),
+        Keep::For(age) => age.as_millis().to_string(),
+    };
     let min_insync = MIN_INSYNC_REPLICAS.to_string();
     let topic = NewTopic::new(
         &config.topic,
@@ -103,8 +122,7 @@ fn create(
         TopicReplication::Fixed(REPLICATION_FACTOR),
     )
     .set("min.insync.replicas", &min_insync)
-    // The journal is the only copy of history until snapshots cover it: never delete by age or size.
-    .set("retention.ms", "-1")
+    .set("retention.ms", &retention_ms)
     .set("retention.bytes", "-1")
     .set("unclean.leader.election.enable", "false")
     .set("max.message.bytes", &message_bytes_max);
@@ -122,7 +140,7 @@ fn create(
             }
         }
     }
-    tracing::info!(topic = %config.topic, partition_count, "created the Kafka journal topic");
+    tracing::info!(topic = %config.topic, partition_count, ?keep, "created a Kafka topic");
     Ok(())
 }
 
@@ -139,6 +157,7 @@ const CHECKED_SETTINGS: [&str; 5] = [
 fn check_configs(
     admin: &AdminClient<DefaultClientContext>,
     config: &KafkaConfig,
+    keep: Keep,
     deadline: Instant,
 ) -> Result<(), SetupError> {
     let resource = ResourceSpecifier::Topic(&config.topic);
@@ -183,7 +202,7 @@ fn check_configs(
         )));
     }
     for limited in ["retention.ms", "retention.bytes"] {
-        if value(limited)? != "-1" {
+        if keep == Keep::Everything && value(limited)? != "-1" {
             return Err(problem(format!(
                 "{limited} is {}; the journal must keep every record (set it to -1)",
                 value(limited)?

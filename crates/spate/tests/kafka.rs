@@ -365,8 +365,9 @@ fn free_port() -> u16 {
 }
 
 /// kill -9 of spate under load, restarted on the same data directory (local snapshot + the Kafka log
-/// after it), then kill -9 again and restarted on an empty one (everything from Kafka): every
-/// acknowledged command exactly once both times.
+/// after it), then kill -9 again and restarted on an empty one (everything from Kafka: the snapshots the
+/// first round's clean shutdown wrote, and the log after them): every acknowledged command exactly once
+/// both times.
 fn lost_process_and_lost_disk(cluster: &Cluster, seed: u64) {
     let args = cluster.serve_args("crash", "3");
     let mut rng = StdRng::seed_from_u64(seed);
@@ -390,6 +391,25 @@ fn lost_process_and_lost_disk(cluster: &Cluster, seed: u64) {
             std::fs::remove_dir_all(data.path()).unwrap();
         }
         let server = Server::start(data.path(), &args, None);
+        if round == "lost disk" {
+            // Nothing has been applied since the start, so every partition snapshot here (named by its
+            // LSN, in `partitions/pNNN/snapshots`) came from Kafka.
+            let copied: Vec<_> = support::files_under(data.path())
+                .into_iter()
+                .filter(|f| {
+                    f.parent().and_then(|dir| dir.file_name()) == Some("snapshots".as_ref())
+                })
+                .filter(|f| {
+                    f.file_stem()
+                        .and_then(|stem| stem.to_str()?.parse::<u64>().ok())
+                        .is_some_and(|lsn| lsn > 0)
+                })
+                .collect();
+            assert!(
+                !copied.is_empty(),
+                "no snapshot was copied from Kafka into the empty data directory"
+            );
+        }
         check_exactly_once(&server.base, &acked, &format!("seed {seed}, {round}"));
         acked_all.push(acked);
         let status = server.terminate();

@@ -173,7 +173,8 @@ impl FileLogStore {
 }
 
 impl LogStore for FileLogStore {
-    fn open(&self, partition: PartitionId) -> Result<Box<dyn Log>, JournalError> {
+    /// The snapshots are already in the data directory, beside the journal.
+    fn open(&self, partition: PartitionId, _: &Path) -> Result<Box<dyn Log>, JournalError> {
         let (journal, report) = FileJournal::open(&self.dir(partition), self.config.clone())?;
         if report.torn_tail_bytes > 0 {
             tracing::warn!(

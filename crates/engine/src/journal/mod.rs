@@ -12,7 +12,7 @@ pub use file::{FileJournal, FileLogStore, JournalConfig, RecoveryReport};
 
 use crate::PartitionId;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 /// Log sequence number: the position of a record in its partition's log, counted from 0 and never reused.
@@ -74,13 +74,24 @@ pub trait Log: Send + 'static {
     fn release_before(&mut self, lsn: Lsn) -> Result<(), JournalError>;
     /// Makes everything appended so far durable, whatever the [`Durability`] (used at shutdown).
     fn sync(&mut self) -> Result<(), JournalError>;
+    /// A snapshot of the partition at `lsn` is durable at `path`. A replicated log keeps a copy where a
+    /// node that never had this disk finds it (see [`LogStore::open`]); it must not block the caller, and a
+    /// copy it loses costs only time (the log itself holds everything). The embedded journal's snapshots
+    /// are on its own disk already: nothing to do.
+    fn snapshot_written(&mut self, _lsn: Lsn, _path: &Path) {}
 }
 
 /// Where the partitions' logs live: the embedded journal ([`FileLogStore`]) or a replicated one.
 pub trait LogStore: Send + Sync + 'static {
     /// Opens `partition`'s log for appending after its last durable record. A replicated store also takes
-    /// ownership here: any earlier writer of the partition can no longer append once this returns.
-    fn open(&self, partition: PartitionId) -> Result<Box<dyn Log>, JournalError>;
+    /// ownership here: any earlier writer of the partition can no longer append once this returns; and it
+    /// first copies the newest snapshot it keeps of the partition into `snapshot_dir`, unless that holds
+    /// one at least as new, so that recovery starts from it even on a node that never had the partition.
+    fn open(
+        &self,
+        partition: PartitionId,
+        snapshot_dir: &Path,
+    ) -> Result<Box<dyn Log>, JournalError>;
     /// Calls `visit` with the durable records `from..until` of `partition` while its writer may be
     /// appending: for a projection reading records its feed dropped. The records must still be held (the
     /// projection's checkpoint floor keeps them).
