@@ -117,11 +117,12 @@ EOF
 
 format() {
 	local dir=$1 cluster_id
-	# 16 random bytes, URL-safe base64 without padding: Kafka's cluster id format.
+	# 16 random bytes, URL-safe base64 without padding: Kafka's cluster id format. It can start with
+	# "-", so it is passed as --cluster-id=ID, never as a separate argument.
 	cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
 	for n in $(seq 1 $NODES); do
 		java -cp "$CACHE/libs/*" -Dlog4j2.configurationFile="$dir/node$n/log4j2.properties" \
-			kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/node$n/server.properties" >/dev/null ||
+			kafka.tools.StorageTool format --cluster-id="$cluster_id" -c "$dir/node$n/server.properties" >/dev/null ||
 			die "formatting node $n failed"
 	done
 	echo "$cluster_id" >"$dir/cluster-id"
