@@ -138,7 +138,9 @@ impl Uploader {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("message.max.bytes", (MESSAGE_BYTES_MAX + 4096).to_string())
-            .set("batch.size", (MESSAGE_BYTES_MAX + 4096).to_string())
+            // One chunk per produce batch: the topic's limit applies to a whole batch, and two chunks
+            // together could pass it.
+            .set("batch.size", (CHUNK_BYTES + 64 * 1024).to_string())
             .set("message.timeout.ms", STALL_MAX.as_millis().to_string())
             .create_with_context(UploadReports::default())?;
         let (queue, uploads) = sync_channel(UPLOADS_QUEUED_MAX);

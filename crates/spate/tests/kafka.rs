@@ -550,8 +550,8 @@ fn paused_owner_is_fenced(cluster: &Cluster) {
     assert_eq!(tags(&reader.base), vec![1, 2, 6]);
 }
 
-/// The fraud app's records on Kafka are sealed like its journal files: no broker file (log segments,
-/// indexes, the brokers' own logs) holds a scored card number, as text or as binary.
+/// The fraud app's records and snapshots on Kafka are sealed like its files: no broker file (log
+/// segments, indexes, the brokers' own logs) holds a scored card number, as text or as binary.
 fn card_numbers_never_reach_kafka(cluster: &Cluster) {
     let data = tempfile::tempdir().unwrap();
     let mut args = cluster.serve_args("fraud-cards", "2");
@@ -584,6 +584,16 @@ fn card_numbers_never_reach_kafka(cluster: &Cluster) {
     assert!(
         segments >= 3,
         "the topic's log segments were not found on the brokers"
+    );
+    // The clean stop's snapshot (the cards' state) was copied to the snapshot topic: scanned too.
+    let snapshot_segments = files
+        .iter()
+        .filter(|f| f.to_string_lossy().contains("fraud-cards-snapshots"))
+        .filter(|f| std::fs::metadata(f).is_ok_and(|m| m.len() > 0))
+        .count();
+    assert!(
+        snapshot_segments >= 3,
+        "the snapshot topic's log segments were not found on the brokers"
     );
     assert_no_card_numbers(&files, &SECRET_CARDS);
 }
