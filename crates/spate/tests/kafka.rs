@@ -576,25 +576,33 @@ fn card_numbers_never_reach_kafka(cluster: &Cluster) {
         .into_iter()
         .filter(|f| f.extension() == Some("log".as_ref()))
         .collect();
-    let segments = files
-        .iter()
-        .filter(|f| f.to_string_lossy().contains("fraud-cards"))
-        .filter(|f| std::fs::metadata(f).is_ok_and(|m| m.len() > 0))
-        .count();
-    assert!(
-        segments >= 3,
-        "the topic's log segments were not found on the brokers"
-    );
-    // The clean stop's snapshot (the cards' state) was copied to the snapshot topic: scanned too.
-    let snapshot_segments = files
-        .iter()
-        .filter(|f| f.to_string_lossy().contains("fraud-cards-snapshots"))
-        .filter(|f| std::fs::metadata(f).is_ok_and(|m| m.len() > 0))
-        .count();
-    assert!(
-        snapshot_segments >= 3,
-        "the snapshot topic's log segments were not found on the brokers"
-    );
+    // A broker keeps a topic partition's segments in a directory named `<topic>-<partition>`.
+    let non_empty_segments = |topic: &str| {
+        files
+            .iter()
+            .filter(|f| {
+                let dir = f
+                    .parent()
+                    .and_then(|d| d.file_name())
+                    .and_then(|d| d.to_str());
+                dir.and_then(|d| {
+                    d.strip_prefix(topic)?
+                        .strip_prefix('-')?
+                        .parse::<u32>()
+                        .ok()
+                })
+                .is_some()
+            })
+            .filter(|f| std::fs::metadata(f).is_ok_and(|m| m.len() > 0))
+            .count()
+    };
+    // The journal's, and the snapshot topic's: the clean stop's snapshot (the cards' state) went there.
+    for topic in ["fraud-cards", "fraud-cards-snapshots"] {
+        assert!(
+            non_empty_segments(topic) >= 3,
+            "{topic}: its log segments were not found on the brokers"
+        );
+    }
     assert_no_card_numbers(&files, &SECRET_CARDS);
 }
 
