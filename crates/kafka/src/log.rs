@@ -792,5 +792,14 @@ mod tests {
         // An LSN already indexed (a replay noting what the writer noted) changes nothing.
         index.note(30, 6, 10);
         assert_eq!(index.entries.len(), 2);
+        // A snapshot's start is taken only past every entry, so a scan never starts earlier than it could.
+        index.learn((25, 5));
+        assert_eq!(index.entries, vec![(0, 0), (30, 6)]);
+        index.learn((40, 9));
+        assert_eq!(index.start_for(1_000), Offset::Offset(9));
+        let mut fresh = OffsetIndex::default();
+        fresh.learn((40, 9));
+        assert_eq!(fresh.start_for(39), Offset::Beginning);
+        assert_eq!(fresh.entry_at_or_below(45), Some((40, 9)));
     }
 }
