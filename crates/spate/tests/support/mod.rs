@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses part of this
 
 pub mod fraud;
+pub mod ledger;
 pub mod tally;
 
 use serde_json::Value;
