@@ -4,6 +4,7 @@
 
 pub mod fraud;
 pub mod ledger;
+pub mod ski;
 pub mod tally;
 
 use serde_json::Value;
