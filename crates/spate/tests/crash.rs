@@ -27,10 +27,17 @@ fn run_seed(seed: u64) {
     ];
     let server = Server::start(dir.path(), &args, None);
     let load = Load::start(&server.base, seed, 0);
+    // The kill falls at a random moment once there is load to lose: a fixed delay alone let a slow CI
+    // machine kill the server after a couple of dozen commands.
+    let loaded = support::eventually(Duration::from_secs(60), || load.acknowledged() >= 100);
     let mut rng = StdRng::seed_from_u64(seed);
-    std::thread::sleep(Duration::from_millis(rng.random_range(300..1500)));
+    std::thread::sleep(Duration::from_millis(rng.random_range(0..1200)));
     server.kill9();
     let acked = load.finish();
+    assert!(
+        loaded,
+        "seed {seed}: the load never reached 100 acknowledged commands"
+    );
     assert!(
         acked.adds.len() > 50,
         "seed {seed}: too little load before the kill ({} adds)",

@@ -694,10 +694,14 @@ fn kill_9_under_load_loses_no_acknowledged_update_and_applies_none_twice() {
         );
     }
     let clients: Vec<Mutex<Client>> = (0..6).map(|_| Mutex::default()).collect();
-    support::kill_under_load(server, &clients, |id, state, stop| {
+    let acked = |clients: &[Mutex<Client>]| -> usize {
+        clients.iter().map(|c| c.lock().unwrap().acked.len()).sum()
+    };
+    let loaded = |clients: &[Mutex<Client>]| acked(clients) > 100;
+    support::kill_under_load(server, &clients, loaded, |id, state, stop| {
         crash_client(&base, seed, id, state, stop)
     });
-    let acked_before: usize = clients.iter().map(|c| c.lock().unwrap().acked.len()).sum();
+    let acked_before = acked(&clients);
     let in_flight = clients
         .iter()
         .filter(|c| c.lock().unwrap().in_flight.is_some())

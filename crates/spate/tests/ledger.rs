@@ -400,7 +400,14 @@ fn kill_9_under_load_keeps_every_acknowledged_transfer_in_its_state() {
         create(&agent, &base, fsp, "100000000");
     }
     let clients: Vec<Mutex<Client>> = (0..6).map(|_| Mutex::default()).collect();
-    support::kill_under_load(server, &clients, |id, state, stop| {
+    let loaded = |clients: &[Mutex<Client>]| {
+        let committed = |c: &Mutex<Client>| {
+            let c = c.lock().unwrap();
+            c.acked.iter().filter(|a| a.1 == "COMMITTED").count()
+        };
+        clients.iter().map(committed).sum::<usize>() > 100
+    };
+    support::kill_under_load(server, &clients, loaded, |id, state, stop| {
         crash_client(&base, id as u64 + 1, state, stop)
     });
     let acked: Vec<_> = clients

@@ -703,7 +703,11 @@ fn kill_9_under_a_mix_loses_nothing_and_settles_each_capture_once() {
                 std::thread::sleep(Duration::from_millis(100));
             }
         });
-        kill_under_load(server, &clients, |client, acked, stop| {
+        let loaded = |clients: &[Mutex<Acked>]| {
+            let payments = |c: &Mutex<Acked>| c.lock().unwrap().payments.len();
+            clients.iter().map(payments).sum::<usize>() > 20
+        };
+        kill_under_load(server, &clients, loaded, |client, acked, stop| {
             let agent = agent();
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {

@@ -625,10 +625,14 @@ fn kill_9_during_a_post_storm_keeps_every_acknowledged_ride_exactly_once() {
     let server = start_checkpointing(dir.path());
     let base = server.base.clone();
     let clients: Vec<Mutex<Client>> = (0..8).map(|_| Mutex::default()).collect();
-    support::kill_under_load(server, &clients, |id, state, stop| {
+    let acked = |clients: &[Mutex<Client>]| -> usize {
+        clients.iter().map(|c| c.lock().unwrap().acked.len()).sum()
+    };
+    let loaded = |clients: &[Mutex<Client>]| acked(clients) > 500;
+    support::kill_under_load(server, &clients, loaded, |id, state, stop| {
         crash_client(&base, seed, id as u32, state, stop)
     });
-    let acked_before: usize = clients.iter().map(|c| c.lock().unwrap().acked.len()).sum();
+    let acked_before = acked(&clients);
     let in_flight = clients
         .iter()
         .filter(|c| c.lock().unwrap().in_flight.is_some())

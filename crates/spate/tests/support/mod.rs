@@ -335,12 +335,15 @@ pub fn crash_seed(default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// Runs `client(id, state, stop)` on a thread per state, kills the server with SIGKILL after 1.5 s,
-/// then tells the clients to stop and waits for them. Each client records what was acknowledged in its
-/// state and returns once a request finds the server gone (or `stop` is set).
+/// Runs `client(id, state, stop)` on a thread per state, kills the server with SIGKILL once 1.5 s have
+/// passed and `loaded(states)` holds (or after a minute, when the caller's own check will fail), then
+/// tells the clients to stop and waits for them. Each client records what was acknowledged in its state
+/// and returns once a request finds the server gone (or `stop` is set). Waiting for `loaded` keeps a
+/// slow machine from killing the server before there is load to lose.
 pub fn kill_under_load<T: Sync>(
     server: Server,
     states: &[T],
+    loaded: impl Fn(&[T]) -> bool,
     client: impl Fn(usize, &T, &std::sync::atomic::AtomicBool) + Sync,
 ) {
     let stop = std::sync::atomic::AtomicBool::new(false);
@@ -350,6 +353,7 @@ pub fn kill_under_load<T: Sync>(
             scope.spawn(move || client(id, state, stop));
         }
         std::thread::sleep(Duration::from_millis(1500));
+        eventually(Duration::from_secs(60), || loaded(states));
         server.kill9();
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
     });
