@@ -20,6 +20,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Where a forwarded command's outcome goes.
 pub type ReplySender = tokio::sync::oneshot::Sender<Result<Reply, EngineError>>;
+/// Where the answer to a read on another node goes.
+pub type ReadSender = tokio::sync::oneshot::Sender<Result<Vec<u8>, EngineError>>;
 
 /// A client command on its way to its partition's owner.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +38,9 @@ pub trait Remote: Send + Sync + 'static {
     fn forward(&self, partition: PartitionId, command: Command, reply_to: ReplySender);
     /// Hands an internal message (see [`encode_message`]) to the owner of `partition`. May drop it.
     fn deliver(&self, partition: PartitionId, message: Vec<u8>);
+    /// Asks the owner of `partition` to answer `query` with `app`'s [`crate::StateMachine::read`]; the
+    /// answer goes to `reply_to` ([`EngineError::NotOwner`] when no owner answered).
+    fn read(&self, partition: PartitionId, app: AppId, query: Vec<u8>, reply_to: ReadSender);
     /// A query for `partition` was refused here because another node applies it: the caller (a read
     /// request) may be retried on the owner.
     fn query_refused(&self, partition: PartitionId);

@@ -624,7 +624,8 @@ impl EngineHandle {
     }
 
     /// Runs `read` on the partition's state of `app` (of type `S`), in order with the commands queued
-    /// before it, and returns its result once everything it saw is durable.
+    /// before it, and returns its result once everything it saw is durable. The partition must be applied
+    /// on this node; reads that may run on another node use [`Self::read`].
     pub async fn query<S, R>(
         &self,
         partition: PartitionId,
@@ -635,12 +636,55 @@ impl EngineHandle {
         S: StateMachine,
         R: Send + 'static,
     {
+        self.query_state(partition, app, move |state| {
+            (state as &dyn Any).downcast_ref::<S>().map(read)
+        })
+        .await
+    }
+
+    /// Answers `query` with the app's [`StateMachine::read`] on `partition`, wherever the partition is
+    /// applied: here, or in a cluster on its owner. For reads that span partitions, which the cluster
+    /// may have spread over several nodes.
+    pub async fn read(
+        &self,
+        partition: PartitionId,
+        app: AppId,
+        query: Vec<u8>,
+    ) -> Result<Vec<u8>, EngineError> {
+        match self.inner.peers.remote() {
+            Some(remote) if !self.inner.is_here(partition) => {
+                let (reply_to, reply) = tokio::sync::oneshot::channel();
+                remote.read(partition, app, query, reply_to);
+                reply.await.map_err(|_| EngineError::NotOwner(partition))?
+            }
+            _ => self.read_here(partition, app, query).await,
+        }
+    }
+
+    /// [`Self::read`] on this node only: [`EngineError::NotOwner`] if another node applies `partition`.
+    pub async fn read_here(
+        &self,
+        partition: PartitionId,
+        app: AppId,
+        query: Vec<u8>,
+    ) -> Result<Vec<u8>, EngineError> {
+        self.query_state(partition, app, move |state| Some(state.read(&query)))
+            .await
+    }
+
+    /// Runs `read` on `app`'s state in `partition`'s thread; `None` from it means the state is not of
+    /// the type the caller expected.
+    async fn query_state<R: Send + 'static>(
+        &self,
+        partition: PartitionId,
+        app: AppId,
+        read: impl FnOnce(&dyn StateMachine) -> Option<R> + Send + 'static,
+    ) -> Result<R, EngineError> {
         let (reply_to, reply) = tokio::sync::oneshot::channel();
         let query: partition::QueryFn = Box::new(move |core: &Core| {
             let result = core
                 .app_state(app)
-                .and_then(|state| (state as &dyn Any).downcast_ref::<S>())
-                .map(read)
+                .and_then(read)
                 .ok_or(EngineError::UnknownApp(app));
             Box::new(move |durable: Result<(), EngineError>| {
                 let _ = reply_to.send(durable.and(result));

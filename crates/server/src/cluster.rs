@@ -7,7 +7,9 @@
 //! - Follow-ups and acknowledgements go the same way, best effort (`deliver_messages`): the engine
 //!   resends what is lost.
 //! - A read (`GET`) whose partition lives elsewhere is retried on the owner as a whole (`forward_reads`):
-//!   reads change nothing, so running one again there is safe.
+//!   reads change nothing, so running one again there is safe. A read that spans partitions asks each
+//!   partition's owner for its part instead (`EngineHandle::read`, `take_read`), since no one node may
+//!   own them all.
 //! - `GET /cluster` shows the members and the partitions each applies.
 
 use crate::api::{ApiError, json};
@@ -23,10 +25,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use spate_engine::cluster::{
-    self, ClusterStatus, Command, Directory, MESSAGE_BYTES_MAX, Remote, ReplySender,
+    self, ClusterStatus, Command, Directory, MESSAGE_BYTES_MAX, ReadSender, Remote, ReplySender,
 };
 use spate_engine::wire::{Put, Reader};
-use spate_engine::{EngineError, EngineHandle, PartitionId};
+use spate_engine::{AppId, EngineError, EngineHandle, PartitionId, Reply};
 use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +61,8 @@ pub struct HttpRemote {
     client: HttpClient,
     commands: Vec<mpsc::Sender<(Command, ReplySender)>>,
     messages: Vec<mpsc::Sender<Vec<u8>>>,
+    /// Where reads for other nodes run (the engine may ask from a thread outside the runtime).
+    runtime: tokio::runtime::Handle,
 }
 
 impl HttpRemote {
@@ -92,6 +96,7 @@ impl HttpRemote {
             client,
             commands,
             messages,
+            runtime: tokio::runtime::Handle::current(),
         })
     }
 }
@@ -106,6 +111,32 @@ impl Remote for HttpRemote {
 
     fn deliver(&self, partition: PartitionId, message: Vec<u8>) {
         let _ = self.messages[usize::from(partition)].try_send(message);
+    }
+
+    fn read(&self, partition: PartitionId, app: AppId, query: Vec<u8>, reply_to: ReadSender) {
+        let (client, directory) = (self.client.clone(), self.directory.clone());
+        self.runtime.spawn(async move {
+            let mut body = Vec::with_capacity(1 + query.len());
+            body.put_u8(app);
+            body.extend_from_slice(&query);
+            let answer = post_to_owner(&client, directory.as_ref(), partition, "reads", body)
+                .await
+                .and_then(|bytes| cluster::decode_outcomes(&bytes).map_err(|e| e.to_string()));
+            let _ = reply_to.send(match answer {
+                Ok(mut outcomes) if outcomes.len() == 1 => match outcomes.remove(0) {
+                    Ok(Reply::Applied(bytes)) => Ok(bytes),
+                    Ok(other) => {
+                        tracing::debug!(partition, ?other, "a read answered like a command");
+                        Err(EngineError::NotOwner(partition))
+                    }
+                    Err(error) => Err(error),
+                },
+                failed => {
+                    tracing::debug!(partition, ?failed, "a read on another node failed");
+                    Err(EngineError::NotOwner(partition))
+                }
+            });
+        });
     }
 
     fn query_refused(&self, partition: PartitionId) {
@@ -212,6 +243,7 @@ pub fn routes(engine: EngineHandle, directory: Arc<dyn Directory>) -> Router {
             "/internal/v1/partitions/{partition}/messages",
             post(take_messages),
         )
+        .route("/internal/v1/partitions/{partition}/reads", post(take_read))
         .with_state(engine)
         .route(
             "/cluster",
@@ -279,6 +311,26 @@ async fn take_commands(
         });
     }
     Ok(cluster::encode_outcomes(&outcomes).into_response())
+}
+
+/// Answers another node's read of a partition applied here (its body: the app's id, then its query).
+async fn take_read(
+    State(engine): State<EngineHandle>,
+    Path(partition): Path<u32>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let partition = checked_partition(&engine, partition)?;
+    if body.len() > MESSAGE_BYTES_MAX {
+        return Err(ApiError::bad_request("a read over the size limit"));
+    }
+    let Some((&app, query)) = body.split_first() else {
+        return Err(ApiError::bad_request("a read names no app"));
+    };
+    let answer = engine
+        .read_here(partition, app, query.to_vec())
+        .await
+        .map(Reply::Applied);
+    Ok(cluster::encode_outcomes(&[answer]).into_response())
 }
 
 async fn take_messages(

@@ -177,7 +177,13 @@ fn kafka_cluster_keeps_every_acknowledged_command() {
             bad_configuration_is_refused(&cluster)
         }),
     ];
+    // SPATE_KAFKA_SCENARIO=part runs only the scenarios whose name contains it (to iterate on one).
+    let only = std::env::var("SPATE_KAFKA_SCENARIO").unwrap_or_default();
     for (name, scenario) in scenarios {
+        if !name.contains(&only) {
+            eprintln!("kafka scenario {name:?}: skipped (SPATE_KAFKA_SCENARIO={only})");
+            continue;
+        }
         let started = Instant::now();
         scenario();
         eprintln!(
@@ -267,6 +273,8 @@ fn three_nodes_survive_pause_kill_lost_disk_and_restarts(cluster: &Cluster, seed
             "bad internal messages",
         ),
         ("999/commands", vec![0, 0, 0, 0], "out of range"),
+        ("0/reads", vec![], "a read names no app"),
+        ("999/reads", vec![1], "out of range"),
     ] {
         let url = format!("{first}/internal/v1/partitions/{path}");
         let (status, reply) = support::post_bytes(&agent, &url, None, body).expect("an answer");
@@ -357,6 +365,7 @@ fn mixed_load_survives_a_lost_node(cluster: &Cluster, seed: u64) {
     const PARTITIONS: &str = "4";
     const STREAM_CARDS: u32 = 1_000;
     const STREAM_RECORDS: u64 = 20_000;
+    const BOARDS: usize = 8;
     let mut rng = StdRng::seed_from_u64(seed);
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     // Every node seals card data with the same key: each reads the others' records from Kafka.
@@ -367,7 +376,8 @@ fn mixed_load_survives_a_lost_node(cluster: &Cluster, seed: u64) {
         .collect();
     let start_node = |i: usize| {
         let id = (i + 1).to_string();
-        let mut args = cluster.serve_args("mixed", PARTITIONS, "tally,ledger,ski,fraud");
+        let mut args =
+            cluster.serve_args("mixed", PARTITIONS, "tally,ledger,ski,fraud,leaderboard");
         args.extend(["--node-id", &id, "--listen", &listens[i]]);
         args.extend(["--fraud-key-file", fraud_key]);
         Server::start(dirs[i].path(), &args, None)
@@ -383,6 +393,19 @@ fn mixed_load_survives_a_lost_node(cluster: &Cluster, seed: u64) {
     let agent = agent();
     for fsp in ledger::FSPS {
         ledger::create(&agent, &bases[0], fsp, "100000000");
+    }
+    // Boards on every partition, so that listing them needs every node.
+    let boards: Vec<String> = (0..BOARDS).map(|i| format!("board{i}")).collect();
+    for (i, board) in boards.iter().enumerate() {
+        let body = json!({"name": board, "operator": "increment"});
+        let (status, answer) = post(
+            &agent,
+            &format!("{}/leaderboards", bases[i % 3]),
+            None,
+            &body,
+        )
+        .expect("an answer");
+        assert_eq!(status, 201, "create {board}: {answer}");
     }
 
     let tally: Vec<Load> = (0..3)
@@ -524,6 +547,19 @@ fn mixed_load_survives_a_lost_node(cluster: &Cluster, seed: u64) {
         ledger::check_transfers(&bases[i], &transfers, &label);
         ski::wait_for_model(&agent, &bases[i], rides.len() as u64);
         ski::check_model(&agent, &bases[i], &rides);
+        // Reads that span every partition, on a node that owns only some of them.
+        let (status, stats) =
+            support::retry_while_moving(|| get(&agent, &format!("{}/fraud/stats", bases[i])));
+        assert_eq!(status, 200, "{label}: fraud stats: {stats}");
+        assert_eq!(stats["scored"], STREAM_RECORDS, "{label}: {stats}");
+        let (status, listed) =
+            support::retry_while_moving(|| get(&agent, &format!("{}/leaderboards", bases[i])));
+        assert_eq!(status, 200, "{label}: boards: {listed}");
+        let names: Vec<&str> = listed["boards"]
+            .as_array()
+            .map(|b| b.iter().filter_map(|b| b["name"].as_str()).collect())
+            .unwrap_or_default();
+        assert_eq!(names, boards, "{label}: every board listed");
         // A card keeps its newest 32 transactions: below that, its history is all of them, once.
         for (card, count) in &per_card {
             let url = format!("{}/fraud/cards/{card:014}", bases[i]);

@@ -15,7 +15,7 @@ use crate::generator::{CASE_STUDY_HISTORY_LEN, HISTORY_WINDOW_MS, Seeds};
 use crate::history::UNSCORED;
 use crate::ingest::{BatchKind, Ingest, IngestError};
 use crate::record::{Digits, FIELD_NAMES, Txn, parse_field};
-use crate::state::{FraudState, Stats, card_key};
+use crate::state::{FraudState, PartitionStats, STATS_QUERY, card_key};
 use crate::{APP_ID, APP_NAME};
 use axum::Router;
 use axum::extract::{Path, State};
@@ -219,31 +219,26 @@ async fn card(
     ))
 }
 
-struct PartitionStats {
-    stats: Stats,
-    cards: u64,
-    entries: u64,
-    heap_bytes: u64,
-}
-
 async fn stats(State(context): State<Context>) -> Result<Response, ApiError> {
     let engine = context.ingest.engine();
-    let mut total = Stats::default();
-    let (mut cards, mut entries, mut heap_bytes) = (0, 0, 0);
+    let mut sum = PartitionStats::default();
     for partition in 0..engine.partition_count() {
-        let part = engine
-            .query::<FraudState, _>(partition, APP_ID, |state| PartitionStats {
-                stats: state.stats().clone(),
-                cards: state.store().cards() as u64,
-                entries: state.store().entries(),
-                heap_bytes: state.store().heap_bytes(),
-            })
-            .await?;
-        total.add(&part.stats);
-        cards += part.cards;
-        entries += part.entries;
-        heap_bytes += part.heap_bytes;
+        let answer = engine.read(partition, APP_ID, STATS_QUERY.to_vec()).await?;
+        let part = PartitionStats::decode(&answer).map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "bad_reply",
+                format!("partition {partition} answered its stats badly: {e}"),
+            )
+        })?;
+        sum.add(&part);
     }
+    let PartitionStats {
+        stats: total,
+        cards,
+        entries,
+        heap_bytes,
+    } = sum;
     let by_rule: Map<String, Value> = total
         .flagged_by_rule
         .iter()

@@ -6,6 +6,7 @@ use crate::generator::HistoryGenerator;
 use crate::history::{HistoryStore, UNSCORED};
 use crate::record::Txn;
 use crate::rules::RuleSet;
+use spate_engine::wire::{Put, Reader, WireError};
 use spate_engine::{Effects, StateMachine};
 use std::io::{self, Read, Write};
 use std::sync::Arc;
@@ -44,6 +45,61 @@ impl Stats {
         for (mine, theirs) in self.flagged_by_rule.iter_mut().zip(other.flagged_by_rule) {
             *mine += theirs;
         }
+    }
+}
+
+/// The query [`FraudState::read`] answers with the partition's [`PartitionStats`].
+pub const STATS_QUERY: &[u8] = b"stats";
+
+/// One partition's counts and history sizes; `/fraud/stats` sums them over the partitions, which in a
+/// cluster live on several nodes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PartitionStats {
+    pub stats: Stats,
+    pub cards: u64,
+    pub entries: u64,
+    pub heap_bytes: u64,
+}
+
+impl PartitionStats {
+    pub fn add(&mut self, other: &PartitionStats) {
+        self.stats.add(&other.stats);
+        self.cards += other.cards;
+        self.entries += other.entries;
+        self.heap_bytes += other.heap_bytes;
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 * (5 + self.stats.flagged_by_rule.len()));
+        out.put_u64(self.stats.scored);
+        out.put_u64(self.stats.imported);
+        for count in self.stats.flagged_by_rule {
+            out.put_u64(count);
+        }
+        out.put_u64(self.cards);
+        out.put_u64(self.entries);
+        out.put_u64(self.heap_bytes);
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        let mut reader = Reader::new(bytes);
+        let mut stats = Stats {
+            scored: reader.u64()?,
+            imported: reader.u64()?,
+            ..Stats::default()
+        };
+        for count in &mut stats.flagged_by_rule {
+            *count = reader.u64()?;
+        }
+        let decoded = Self {
+            stats,
+            cards: reader.u64()?,
+            entries: reader.u64()?,
+            heap_bytes: reader.u64()?,
+        };
+        reader.finish()?;
+        Ok(decoded)
     }
 }
 
@@ -200,5 +256,51 @@ impl StateMachine for FraudState {
         }
         self.store.write_snapshot(&mut sealed)?;
         sealed.finish()
+    }
+
+    fn read(&self, query: &[u8]) -> Vec<u8> {
+        if query != STATS_QUERY {
+            return Vec::new();
+        }
+        PartitionStats {
+            stats: self.stats.clone(),
+            cards: self.store.cards() as u64,
+            entries: self.store.entries(),
+            heap_bytes: self.store.heap_bytes(),
+        }
+        .encode()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_stats_cross_the_wire_unchanged_and_refuse_a_short_answer() {
+        let mut stats = PartitionStats {
+            stats: Stats {
+                scored: 7,
+                imported: 3,
+                ..Stats::default()
+            },
+            cards: 5,
+            entries: 11,
+            heap_bytes: 1024,
+        };
+        stats.stats.flagged_by_rule[0] = 4;
+        stats.stats.flagged_by_rule[63] = 2;
+        let bytes = stats.encode();
+        assert_eq!(PartitionStats::decode(&bytes), Ok(stats.clone()));
+        assert!(PartitionStats::decode(&bytes[..bytes.len() - 1]).is_err());
+        assert!(PartitionStats::decode(&[bytes.as_slice(), &[0]].concat()).is_err());
+
+        let mut sum = stats.clone();
+        sum.add(&stats);
+        assert_eq!(
+            (sum.stats.scored, sum.cards, sum.heap_bytes),
+            (14, 10, 2048)
+        );
+        assert_eq!(sum.stats.flagged_by_rule[63], 4);
     }
 }

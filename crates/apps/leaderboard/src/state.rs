@@ -1,13 +1,73 @@
 //! `LeaderboardState`: the boards a partition owns (a board lives on the partition its name hashes to,
 //! so all of its updates are applied by one thread, in order, without locks).
 
-use crate::board::Board;
-use crate::board::UpdateError;
+use crate::board::{Board, BoardConfig, UpdateError};
 use crate::command::{Command, ItemResult, Outcome};
-use spate_engine::wire::{Put, Reader};
+use spate_engine::wire::{Put, Reader, WireError};
 use spate_engine::{Effects, StateMachine};
 use std::collections::BTreeMap;
 use std::io::{self, Read};
+
+/// The query [`LeaderboardState::read`] answers with a [`BoardSummary`] of every board it holds.
+pub const BOARDS_QUERY: &[u8] = b"boards";
+
+/// What a list of boards shows of one. Lists span partitions, which in a cluster live on several
+/// nodes, so a summary crosses the network as bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoardSummary {
+    pub name: String,
+    pub config: BoardConfig,
+    pub season: u32,
+    pub seasons: u32,
+    pub members: u64,
+}
+
+impl BoardSummary {
+    pub fn of(name: &str, board: &Board) -> Self {
+        let current = board.current();
+        Self {
+            name: name.to_string(),
+            config: board.config,
+            season: current.number,
+            seasons: u32::try_from(board.seasons.len()).unwrap_or(u32::MAX),
+            members: current.len() as u64,
+        }
+    }
+
+    pub fn encode_all(summaries: &[BoardSummary]) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.put_u32(u32::try_from(summaries.len()).expect("board count fits in u32"));
+        for summary in summaries {
+            out.put_bytes(summary.name.as_bytes());
+            summary.config.encode(&mut out);
+            out.put_u32(summary.season);
+            out.put_u32(summary.seasons);
+            out.put_u64(summary.members);
+        }
+        out
+    }
+
+    pub fn decode_all(bytes: &[u8]) -> Result<Vec<BoardSummary>, WireError> {
+        let mut r = Reader::new(bytes);
+        let count = r.u32()? as usize;
+        if count > r.remaining() {
+            return Err(r.invalid("board count larger than the answer"));
+        }
+        let mut summaries = Vec::with_capacity(count);
+        for _ in 0..count {
+            let name = std::str::from_utf8(r.bytes()?).map_err(|_| r.invalid("board name"))?;
+            summaries.push(BoardSummary {
+                name: name.to_string(),
+                config: BoardConfig::decode(&mut r)?,
+                season: r.u32()?,
+                seasons: r.u32()?,
+                members: r.u64()?,
+            });
+        }
+        r.finish()?;
+        Ok(summaries)
+    }
+}
 
 #[derive(Debug, Default)]
 pub struct LeaderboardState {
@@ -182,6 +242,18 @@ impl StateMachine for LeaderboardState {
         assert_eq!(written, length, "both passes write the same bytes");
         Ok(())
     }
+
+    fn read(&self, query: &[u8]) -> Vec<u8> {
+        if query != BOARDS_QUERY {
+            return Vec::new();
+        }
+        let summaries: Vec<_> = self
+            .boards
+            .iter()
+            .map(|(name, board)| BoardSummary::of(name, board))
+            .collect();
+        BoardSummary::encode_all(&summaries)
+    }
 }
 
 impl LeaderboardState {
@@ -332,5 +404,45 @@ mod tests {
         assert_eq!(page(&state).len(), 5_003);
         let mut truncated = &stream[..stream.len() - 10];
         assert!(LeaderboardState::restore(&mut truncated).is_err());
+    }
+
+    #[test]
+    fn the_boards_query_lists_every_board_and_its_answer_decodes_back() {
+        let mut state = LeaderboardState::default();
+        let config = BoardConfig {
+            order: Order::Ascending,
+            ties: TiePolicy::Random,
+            operator: Operator::Increment,
+        };
+        let mut reply = Vec::new();
+        for board in ["beta", "alpha"] {
+            state.execute(&Command::Create { board, config }, 1, 2, &mut reply);
+        }
+        let items = ["x", "y"]
+            .iter()
+            .map(|member| UpdateItem {
+                member,
+                operator: None,
+                value: 3,
+            })
+            .collect();
+        let update = Command::Update {
+            board: "beta",
+            with_rank: false,
+            items,
+        };
+        state.execute(&update, 3, 4, &mut reply);
+
+        let summaries = BoardSummary::decode_all(&state.read(BOARDS_QUERY)).expect("decodes");
+        let listed: Vec<_> = summaries
+            .iter()
+            .map(|b| (b.name.as_str(), b.members))
+            .collect();
+        assert_eq!(listed, [("alpha", 0), ("beta", 2)]);
+        assert_eq!(summaries[1].config, config);
+        assert_eq!((summaries[1].season, summaries[1].seasons), (1, 1));
+        assert!(state.read(b"no such query").is_empty());
+        let answer = state.read(BOARDS_QUERY);
+        assert!(BoardSummary::decode_all(&answer[..answer.len() - 1]).is_err());
     }
 }

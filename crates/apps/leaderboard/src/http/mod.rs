@@ -8,7 +8,7 @@ mod parse;
 
 use crate::board::{Board, BoardConfig, Cursor, Operator, Order, Season, Standing, TiePolicy};
 use crate::command::{Command, ItemResult, Outcome, UpdateItem};
-use crate::state::LeaderboardState;
+use crate::state::{BOARDS_QUERY, BoardSummary, LeaderboardState};
 use crate::{APP_ID, APP_NAME};
 use axum::Router;
 use axum::extract::{Path, Query};
@@ -109,16 +109,15 @@ async fn read_season<R: Send + 'static>(
     }
 }
 
-fn board_json(name: &str, board: &Board) -> Value {
-    let current = board.current();
+fn board_json(board: &BoardSummary) -> Value {
     json!({
-        "name": name,
+        "name": board.name,
         "order": board.config.order.name(),
         "ties": board.config.ties.name(),
         "operator": board.config.operator.name(),
-        "season": current.number,
-        "seasons": board.seasons.len(),
-        "members": current.len(),
+        "season": board.season,
+        "seasons": board.seasons,
+        "members": board.members,
     })
 }
 
@@ -130,15 +129,15 @@ fn standing_json(s: &Standing) -> Value {
 async fn all_boards(engine: &EngineHandle) -> Result<Vec<(String, Value)>, ApiError> {
     let mut boards = Vec::new();
     for partition in 0..engine.partition_count() {
-        let found: Vec<(String, Value)> = engine
-            .query(partition, APP_ID, |state: &LeaderboardState| {
-                state
-                    .boards()
-                    .map(|(name, board)| (name.clone(), board_json(name, board)))
-                    .collect()
-            })
+        let answer = engine
+            .read(partition, APP_ID, BOARDS_QUERY.to_vec())
             .await?;
-        boards.extend(found);
+        let summaries = BoardSummary::decode_all(&answer).map_err(|e| {
+            internal(format!(
+                "partition {partition} listed its boards badly: {e}"
+            ))
+        })?;
+        boards.extend(summaries.iter().map(|b| (b.name.clone(), board_json(b))));
     }
     boards.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(boards)
@@ -208,7 +207,10 @@ async fn create_board(
     match create(&engine, &headers, &body.name, config).await? {
         Outcome::Created { .. } => {
             let board = Board::new(config, 0);
-            Ok(json(StatusCode::CREATED, &board_json(&body.name, &board)))
+            Ok(json(
+                StatusCode::CREATED,
+                &board_json(&BoardSummary::of(&body.name, &board)),
+            ))
         }
         Outcome::Exists { .. } => Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -456,7 +458,7 @@ pub(crate) fn routes(engine: EngineHandle) -> Router {
                 let found = read
                     .query(partition, APP_ID, move |state: &LeaderboardState| {
                         state.board(&name).map(|b| {
-                            let mut info = board_json(&name, b);
+                            let mut info = board_json(&BoardSummary::of(&name, b));
                             let chosen = b.season(season).map(|s| (s.number, s.len(), s.started_ms));
                             if let Some((number, members, started_ms)) = chosen {
                                 info["season"] = json!(number);
