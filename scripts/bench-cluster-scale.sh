@@ -27,6 +27,8 @@ trap 'stop_nodes; scripts/kafka.sh stop "$dir"; rm -rf "$dir"' EXIT
 bootstrap=$(scripts/kafka.sh start "$dir" | tail -n 1)
 # Every node seals and opens card data with the same key, kept outside their data directories.
 head -c 32 /dev/urandom >"$dir/fraud.key"
+# And sign their requests to each other with one secret.
+head -c 32 /dev/urandom >"$dir/cluster.secret"
 base_port=$((18100 + RANDOM % 800))
 scenarios=("tally adds" "ski rides" "ledger batch" "fraud http")
 round=0
@@ -36,6 +38,7 @@ for nodes in $node_counts; do
 	for n in $(seq 1 "$nodes"); do
 		port=$((base_port + n))
 		"$spate" serve --kafka "$bootstrap" --kafka-topic "$topic" --node-id "$n" \
+			--cluster-secret-file "$dir/cluster.secret" \
 			--listen "127.0.0.1:$port" --data-dir "$dir/data-$round-$n" --partitions 6 \
 			--apps tally,ski,ledger,fraud --fraud-key-file "$dir/fraud.key" \
 			--fraud-stream-listen off >/dev/null 2>"$out/node-$round-$n.log" &

@@ -134,10 +134,6 @@ impl Peers {
     }
 }
 
-/// Forwarded commands and internal messages larger than this are refused: nothing legitimate comes close
-/// (a fraud batch is 100 bytes per transaction, and the server caps request bodies at 4 MiB).
-pub const MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
-
 pub fn encode_commands(commands: &[Command]) -> Vec<u8> {
     let bytes: usize = commands.iter().map(|c| c.payload.len() + 24).sum();
     let mut out = Vec::with_capacity(4 + bytes);

@@ -13,9 +13,10 @@
 //! - `GET /cluster` shows the members and the partitions each applies.
 
 use crate::api::{ApiError, json};
+use crate::cluster_auth::{ClusterSecret, SIGNATURE_HEADER};
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, Request, State};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -25,7 +26,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use spate_engine::cluster::{
-    self, ClusterStatus, Command, Directory, MESSAGE_BYTES_MAX, ReadSender, Remote, ReplySender,
+    self, ClusterStatus, Command, Directory, ReadSender, Remote, ReplySender,
 };
 use spate_engine::wire::{Put, Reader};
 use spate_engine::{AppId, EngineError, EngineHandle, PartitionId, Reply};
@@ -41,6 +42,12 @@ const FORWARDED_HEADER: &str = "x-spate-forwarded";
 const LANE_COMMANDS_MAX: usize = 65_536;
 /// Commands in one forwarded request.
 const BATCH_COMMANDS_MAX: usize = 4096;
+/// Bytes of commands or messages in one request to another node (one command alone may be up to the
+/// server's request limit, which fits).
+const BATCH_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// The largest body the internal routes take: a full batch, with room for its framing.
+pub const INTERNAL_BODY_BYTES_MAX: usize = 2 * BATCH_BYTES_MAX;
+const _: () = assert!(crate::REQUEST_BYTES_MAX + 64 <= BATCH_BYTES_MAX);
 /// Internal messages waiting per partition lane; more are dropped (the engine resends follow-ups).
 const LANE_MESSAGES_MAX: usize = 65_536;
 /// How long a forwarded request may take before its commands are answered "retry" (they may or may not
@@ -57,8 +64,7 @@ tokio::task_local! {
 
 /// The engine's [`Remote`] over HTTP.
 pub struct HttpRemote {
-    directory: Arc<dyn Directory>,
-    client: HttpClient,
+    nodes: OtherNodes,
     commands: Vec<mpsc::Sender<(Command, ReplySender)>>,
     messages: Vec<mpsc::Sender<Vec<u8>>>,
     /// Where reads for other nodes run (the engine may ask from a thread outside the runtime).
@@ -67,33 +73,32 @@ pub struct HttpRemote {
 
 impl HttpRemote {
     /// Starts one command lane and one message lane per partition (tasks on the current runtime).
-    pub fn start(directory: Arc<dyn Directory>, partitions: u16) -> Arc<Self> {
+    /// Requests to other nodes are signed with `secret`.
+    pub fn start(
+        directory: Arc<dyn Directory>,
+        secret: ClusterSecret,
+        partitions: u16,
+    ) -> Arc<Self> {
         let client: HttpClient = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build_http();
+        let nodes = OtherNodes {
+            client,
+            directory,
+            secret: Arc::new(secret),
+        };
         let mut commands = Vec::new();
         let mut messages = Vec::new();
         for partition in 0..partitions {
             let (command_tx, command_rx) = mpsc::channel(LANE_COMMANDS_MAX);
             let (message_tx, message_rx) = mpsc::channel(LANE_MESSAGES_MAX);
-            tokio::spawn(forward_commands(
-                partition,
-                command_rx,
-                client.clone(),
-                directory.clone(),
-            ));
-            tokio::spawn(deliver_messages(
-                partition,
-                message_rx,
-                client.clone(),
-                directory.clone(),
-            ));
+            tokio::spawn(forward_commands(partition, command_rx, nodes.clone()));
+            tokio::spawn(deliver_messages(partition, message_rx, nodes.clone()));
             commands.push(command_tx);
             messages.push(message_tx);
         }
         Arc::new(Self {
-            directory,
-            client,
+            nodes,
             commands,
             messages,
             runtime: tokio::runtime::Handle::current(),
@@ -114,12 +119,13 @@ impl Remote for HttpRemote {
     }
 
     fn read(&self, partition: PartitionId, app: AppId, query: Vec<u8>, reply_to: ReadSender) {
-        let (client, directory) = (self.client.clone(), self.directory.clone());
+        let nodes = self.nodes.clone();
         self.runtime.spawn(async move {
             let mut body = Vec::with_capacity(1 + query.len());
             body.put_u8(app);
             body.extend_from_slice(&query);
-            let answer = post_to_owner(&client, directory.as_ref(), partition, "reads", body)
+            let answer = nodes
+                .post_to_owner(partition, "reads", body)
                 .await
                 .and_then(|bytes| cluster::decode_outcomes(&bytes).map_err(|e| e.to_string()));
             let _ = reply_to.send(match answer {
@@ -144,96 +150,171 @@ impl Remote for HttpRemote {
     }
 }
 
-async fn post_to_owner(
-    client: &HttpClient,
-    directory: &dyn Directory,
-    partition: PartitionId,
-    what: &str,
-    body: Vec<u8>,
-) -> Result<Bytes, String> {
-    let address = directory
-        .owner_address(partition)
-        .ok_or_else(|| format!("no node owns partition {partition}"))?;
-    let request = hyper::Request::post(format!(
-        "http://{address}/internal/v1/partitions/{partition}/{what}"
-    ))
-    .header(FORWARDED_HEADER, "1")
-    .body(Full::new(Bytes::from(body)))
-    .map_err(|e| e.to_string())?;
-    let exchange = async {
-        let response = client.request(request).await.map_err(|e| e.to_string())?;
-        let status = response.status();
-        let body = response
-            .into_body()
-            .collect()
+/// How this node reaches the owners of partitions it does not apply.
+#[derive(Clone)]
+struct OtherNodes {
+    client: HttpClient,
+    directory: Arc<dyn Directory>,
+    secret: Arc<ClusterSecret>,
+}
+
+impl OtherNodes {
+    /// Posts `body` to the internal route `what` of `partition`'s owner, signed; its answer if 200.
+    async fn post_to_owner(
+        &self,
+        partition: PartitionId,
+        what: &str,
+        body: Vec<u8>,
+    ) -> Result<Bytes, String> {
+        let address = self
+            .directory
+            .owner_address(partition)
+            .ok_or_else(|| format!("no node owns partition {partition}"))?;
+        let path = format!("/internal/v1/partitions/{partition}/{what}");
+        let signature = self.secret.sign("POST", &path, &body);
+        let request = hyper::Request::post(format!("http://{address}{path}"))
+            .header(FORWARDED_HEADER, "1")
+            .header(SIGNATURE_HEADER, signature)
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
+        let exchange = async {
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = response.status();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes();
+            if status == StatusCode::OK {
+                Ok(body)
+            } else {
+                Err(format!(
+                    "{address} answered {status}: {}",
+                    String::from_utf8_lossy(&body)
+                ))
+            }
+        };
+        tokio::time::timeout(FORWARD_TIMEOUT, exchange)
             .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        if status == StatusCode::OK {
-            Ok(body)
-        } else {
-            Err(format!("{address} answered {status}"))
-        }
-    };
-    tokio::time::timeout(FORWARD_TIMEOUT, exchange)
-        .await
-        .map_err(|_| format!("{address} did not answer within {FORWARD_TIMEOUT:?}"))?
+            .map_err(|_| format!("{address} did not answer within {FORWARD_TIMEOUT:?}"))?
+    }
+}
+
+/// How many of `items`, from the first, fit in one request of at most `bytes_max` bytes; at least
+/// one, so that a lane always moves (a single item is never larger than what a client may send).
+fn leading_within<T>(items: &[T], bytes_of: impl Fn(&T) -> usize, bytes_max: usize) -> usize {
+    let mut total = 0;
+    let fitting = items
+        .iter()
+        .take_while(|item| {
+            total += bytes_of(item);
+            total <= bytes_max
+        })
+        .count();
+    fitting.max(1).min(items.len())
 }
 
 /// One partition's lane: sends the queued commands in order, a batch per request, one request at a time.
 async fn forward_commands(
     partition: PartitionId,
     mut queued: mpsc::Receiver<(Command, ReplySender)>,
-    client: HttpClient,
-    directory: Arc<dyn Directory>,
+    nodes: OtherNodes,
 ) {
-    let mut batch = Vec::new();
-    while queued.recv_many(&mut batch, BATCH_COMMANDS_MAX).await > 0 {
-        let (commands, replies): (Vec<_>, Vec<_>) = batch.drain(..).unzip();
-        let body = cluster::encode_commands(&commands);
-        let answered = post_to_owner(&client, directory.as_ref(), partition, "commands", body)
-            .await
-            .and_then(|bytes| cluster::decode_outcomes(&bytes).map_err(|e| e.to_string()));
-        match answered {
-            Ok(outcomes) if outcomes.len() == replies.len() => {
-                for (reply_to, outcome) in replies.into_iter().zip(outcomes) {
-                    let _ = reply_to.send(outcome);
+    let mut queue = Vec::new();
+    while queued.recv_many(&mut queue, BATCH_COMMANDS_MAX).await > 0 {
+        while !queue.is_empty() {
+            let count = leading_within(
+                &queue,
+                |(command, _)| encoded_command_bytes(command),
+                BATCH_BYTES_MAX,
+            );
+            let (commands, replies): (Vec<_>, Vec<_>) = queue.drain(..count).unzip();
+            let body = cluster::encode_commands(&commands);
+            let answered = nodes
+                .post_to_owner(partition, "commands", body)
+                .await
+                .and_then(|bytes| cluster::decode_outcomes(&bytes).map_err(|e| e.to_string()));
+            match answered {
+                Ok(outcomes) if outcomes.len() == replies.len() => {
+                    for (reply_to, outcome) in replies.into_iter().zip(outcomes) {
+                        let _ = reply_to.send(outcome);
+                    }
                 }
-            }
-            failed => {
-                tracing::debug!(partition, ?failed, "forwarding commands failed");
-                for reply_to in replies {
-                    let _ = reply_to.send(Err(EngineError::NotOwner(partition)));
+                failed => {
+                    tracing::debug!(partition, ?failed, "forwarding commands failed");
+                    for reply_to in replies {
+                        let _ = reply_to.send(Err(EngineError::NotOwner(partition)));
+                    }
                 }
             }
         }
     }
 }
 
-/// One partition's lane of follow-ups and acknowledgements: whatever is queued goes in one request.
+/// A command's size in [`cluster::encode_commands`], at most.
+fn encoded_command_bytes(command: &Command) -> usize {
+    command.payload.len() + 32
+}
+
+/// One partition's lane of follow-ups and acknowledgements: what is queued goes in as few requests as fit.
 async fn deliver_messages(
     partition: PartitionId,
     mut queued: mpsc::Receiver<Vec<u8>>,
-    client: HttpClient,
-    directory: Arc<dyn Directory>,
+    nodes: OtherNodes,
 ) {
-    let mut batch = Vec::new();
-    while queued.recv_many(&mut batch, BATCH_COMMANDS_MAX).await > 0 {
-        let mut body = Vec::new();
-        body.put_u32(batch.len() as u32);
-        for message in batch.drain(..) {
-            body.put_bytes(&message);
-        }
-        if let Err(error) =
-            post_to_owner(&client, directory.as_ref(), partition, "messages", body).await
-        {
-            tracing::debug!(partition, %error, "delivering messages failed; the engine resends");
+    let mut queue = Vec::new();
+    while queued.recv_many(&mut queue, BATCH_COMMANDS_MAX).await > 0 {
+        while !queue.is_empty() {
+            let count = leading_within(&queue, |message| message.len() + 4, BATCH_BYTES_MAX);
+            let mut body = Vec::new();
+            body.put_u32(count as u32);
+            for message in queue.drain(..count) {
+                body.put_bytes(&message);
+            }
+            if let Err(error) = nodes.post_to_owner(partition, "messages", body).await {
+                tracing::debug!(partition, %error, "delivering messages failed; the engine resends");
+            }
         }
     }
 }
 
-/// The routes of a cluster node: what other nodes call, and `/cluster`.
-pub fn routes(engine: EngineHandle, directory: Arc<dyn Directory>) -> Router {
+/// Refuses a request to an internal route that its cluster's secret did not sign (401, naming why).
+async fn require_signature(
+    State(secret): State<Arc<ClusterSecret>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, INTERNAL_BODY_BYTES_MAX).await else {
+        return ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("a request between nodes is limited to {INTERNAL_BODY_BYTES_MAX} bytes"),
+        )
+        .into_response();
+    };
+    let header = parts
+        .headers
+        .get(SIGNATURE_HEADER)
+        .and_then(|value| value.to_str().ok());
+    if let Err(reason) = secret.verify(header, parts.method.as_str(), parts.uri.path(), &body) {
+        return ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", reason).into_response();
+    }
+    next.run(Request::from_parts(parts, axum::body::Body::from(body)))
+        .await
+}
+
+/// The routes of a cluster node: what other nodes call (signed with `secret`), and `/cluster`.
+pub fn routes(
+    engine: EngineHandle,
+    directory: Arc<dyn Directory>,
+    secret: ClusterSecret,
+) -> Router {
     Router::new()
         .route(
             "/internal/v1/partitions/{partition}/commands",
@@ -245,6 +326,12 @@ pub fn routes(engine: EngineHandle, directory: Arc<dyn Directory>) -> Router {
         )
         .route("/internal/v1/partitions/{partition}/reads", post(take_read))
         .with_state(engine)
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::new(secret),
+            require_signature,
+        ))
+        // Inside the server's limit for client requests, which a batch of forwarded ones exceeds.
+        .layer(DefaultBodyLimit::max(INTERNAL_BODY_BYTES_MAX))
         .route(
             "/cluster",
             get(move || {
@@ -291,11 +378,6 @@ async fn take_commands(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let partition = checked_partition(&engine, partition)?;
-    if body.len() > MESSAGE_BYTES_MAX {
-        return Err(ApiError::bad_request(
-            "forwarded commands over the size limit",
-        ));
-    }
     let commands = cluster::decode_commands(&body)
         .map_err(|e| ApiError::bad_request(format!("bad forwarded commands: {e}")))?;
     // Queued in order before any is awaited: the owner applies them in the order they were sent.
@@ -320,9 +402,6 @@ async fn take_read(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let partition = checked_partition(&engine, partition)?;
-    if body.len() > MESSAGE_BYTES_MAX {
-        return Err(ApiError::bad_request("a read over the size limit"));
-    }
     let Some((&app, query)) = body.split_first() else {
         return Err(ApiError::bad_request("a read names no app"));
     };
@@ -376,7 +455,7 @@ pub async fn forward_reads(
     let Some(partition) = refused else {
         return response;
     };
-    let Some(address) = remote.directory.owner_address(partition) else {
+    let Some(address) = remote.nodes.directory.owner_address(partition) else {
         return response;
     };
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
@@ -394,8 +473,28 @@ pub async fn forward_reads(
     else {
         return response;
     };
-    match tokio::time::timeout(FORWARD_TIMEOUT, remote.client.request(forwarded)).await {
+    match tokio::time::timeout(FORWARD_TIMEOUT, remote.nodes.client.request(forwarded)).await {
         Ok(Ok(answer)) => answer.map(axum::body::Body::new).into_response(),
         _ => response,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::leading_within;
+
+    #[test]
+    fn a_batch_takes_what_fits_in_order_and_never_stalls_on_a_large_item() {
+        let sizes = [3, 4, 2, 9, 1];
+        let within = |items: &[usize], max| leading_within(items, |&n| n, max);
+        assert_eq!(within(&sizes, 9), 3, "3 + 4 + 2 fit, the 9 does not");
+        assert_eq!(within(&sizes, 100), 5);
+        assert_eq!(
+            within(&sizes[3..], 5),
+            1,
+            "an item over the limit goes alone"
+        );
+        assert_eq!(within(&sizes[..1], 1), 1);
+        assert_eq!(within(&[], 10), 0);
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod api;
 mod cluster;
+pub mod cluster_auth;
 mod observe;
 
 use axum::Router;
@@ -42,6 +43,8 @@ pub struct ServerConfig {
 pub struct ClusterSetup {
     /// Who owns which partition, for forwarding.
     pub directory: Arc<dyn Directory>,
+    /// What every node of the cluster signs its requests to the others with.
+    pub secret: cluster_auth::ClusterSecret,
     /// Joins the cluster once the engine runs and the node listens; from then on the membership starts
     /// and stops partitions on the engine.
     pub join: JoinCluster,
@@ -60,7 +63,11 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     let partitions = config.engine.partitions;
     let (started, cluster) = match (config.logs, config.cluster) {
         (Some(logs), Some(setup)) => {
-            let remote = cluster::HttpRemote::start(setup.directory.clone(), partitions);
+            let remote = cluster::HttpRemote::start(
+                setup.directory.clone(),
+                setup.secret.clone(),
+                partitions,
+            );
             let started =
                 Engine::start_node(logs, remote.clone(), config.engine, specs, &mut registry);
             (started, Some((setup, remote)))
@@ -92,7 +99,11 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
                 remote.clone(),
                 cluster::forward_reads,
             ))
-            .merge(cluster::routes(handle.clone(), setup.directory.clone()));
+            .merge(cluster::routes(
+                handle.clone(),
+                setup.directory.clone(),
+                setup.secret.clone(),
+            ));
     }
     let router = router
         .fallback(|| async { ApiError::not_found("no such route") })
@@ -157,8 +168,10 @@ async fn reject_oversized(
         .headers()
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    // Requests between nodes carry batches of client requests, under a limit of their own.
+    let internal = request.uri().path().starts_with("/internal/");
     match declared {
-        Some(bytes) if bytes > REQUEST_BYTES_MAX as u64 => ApiError::new(
+        Some(bytes) if bytes > REQUEST_BYTES_MAX as u64 && !internal => ApiError::new(
             axum::http::StatusCode::PAYLOAD_TOO_LARGE,
             "payload_too_large",
             format!("a request body of {bytes} bytes is over the limit of {REQUEST_BYTES_MAX}"),

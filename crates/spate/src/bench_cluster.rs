@@ -40,6 +40,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
     let listens: Vec<String> = (0..NODES)
         .map(|_| free_port().map(|port| format!("127.0.0.1:{port}")))
         .collect::<Result<_, _>>()?;
+    // The nodes sign their requests to each other with a secret they share.
+    let secret_dir = tempfile::tempdir()?;
+    let secret_file = secret_dir.path().join("cluster.secret");
+    std::fs::write(&secret_file, rand::random::<[u8; 32]>())?;
+    let secret_file = secret_file
+        .to_str()
+        .context("a UTF-8 temporary path")?
+        .to_string();
     let start = |node: usize| -> anyhow::Result<Spawned> {
         let args: Vec<String> = [
             "--apps",
@@ -54,6 +62,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
             &PARTITIONS.to_string(),
             "--node-id",
             &(node + 1).to_string(),
+            "--cluster-secret-file",
+            &secret_file,
             "--listen",
             &listens[node],
         ]

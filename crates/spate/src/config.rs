@@ -143,6 +143,10 @@ pub struct ServeArgs {
     /// With --node-id: the host:port other nodes reach this node's HTTP listener at [default: --listen]
     #[arg(long, env = "SPATE_ADVERTISE")]
     advertise: Option<String>,
+    /// With --node-id: a file of at least 32 secret bytes, the same on every node; nodes sign their
+    /// requests to each other with it and refuse unsigned ones (`head -c 32 /dev/urandom > FILE`)
+    #[arg(long, env = "SPATE_CLUSTER_SECRET_FILE")]
+    cluster_secret_file: Option<PathBuf>,
     /// ski: accepted ride times, MIN-MAX [default: 1-360]
     #[arg(long, env = "SPATE_SKI_TIMES")]
     ski_times: Option<String>,
@@ -277,7 +281,8 @@ impl ServeArgs {
                 kafka_topic,
                 kafka_timeout_s,
                 node_id,
-                advertise
+                advertise,
+                cluster_secret_file
             );
         }
         let ski = self.ski_config()?;
@@ -367,9 +372,13 @@ impl ServeArgs {
             .unwrap_or_else(|| APPS.iter().map(|s| s.to_string()).collect());
         check_keys_for_kafka(&apps, self.kafka.is_some(), has_fraud_key_file)?;
         let (logs, cluster) = match self.kafka {
-            None if self.node_id.is_some() || self.advertise.is_some() => {
+            None if self.node_id.is_some()
+                || self.advertise.is_some()
+                || self.cluster_secret_file.is_some() =>
+            {
                 bail!(
-                    "--node-id and --advertise need --kafka: a cluster shares its journal on Kafka"
+                    "--node-id, --advertise and --cluster-secret-file need --kafka: a cluster shares \
+                     its journal on Kafka"
                 )
             }
             None => (None, None),
@@ -385,12 +394,34 @@ impl ServeArgs {
                     kafka.connect_timeout = Duration::from_secs(seconds);
                     kafka.commit_timeout = Duration::from_secs(seconds);
                 }
+                // Checked before connecting, which may take --kafka-timeout-s.
+                let node = match (self.node_id, &self.cluster_secret_file) {
+                    (None, _) if self.advertise.is_some() || self.cluster_secret_file.is_some() => {
+                        bail!("--advertise and --cluster-secret-file need --node-id")
+                    }
+                    (None, _) => None,
+                    (Some(_), None) => bail!(
+                        "--node-id needs --cluster-secret-file: nodes accept requests from each \
+                         other only when signed with a secret they share (create one with \
+                         `head -c 32 /dev/urandom > FILE` and give every node the same file)"
+                    ),
+                    (Some(node_id), Some(file)) => Some((
+                        node_id,
+                        spate_server::cluster_auth::ClusterSecret::read(file)
+                            .map_err(anyhow::Error::msg)?,
+                    )),
+                };
                 let store = spate_kafka::KafkaLogStore::connect(kafka, engine.partitions)
                     .context("the Kafka cluster given by --kafka")?;
-                let cluster = match self.node_id {
-                    None if self.advertise.is_some() => bail!("--advertise needs --node-id"),
+                let cluster = match node {
                     None => None,
-                    Some(node_id) => Some(cluster_setup(&store, node_id, self.advertise, listen)?),
+                    Some((node_id, secret)) => Some(cluster_setup(
+                        &store,
+                        node_id,
+                        self.advertise,
+                        listen,
+                        secret,
+                    )?),
                 };
                 (
                     Some(Arc::new(store) as Arc<dyn spate_engine::LogStore>),
@@ -435,6 +466,7 @@ fn cluster_setup(
     node_id: u32,
     advertise: Option<String>,
     listen: SocketAddr,
+    secret: spate_server::cluster_auth::ClusterSecret,
 ) -> anyhow::Result<ClusterSetup> {
     let address = match advertise {
         Some(address) => address,
@@ -450,6 +482,7 @@ fn cluster_setup(
         spate_kafka::KafkaMembership::prepare(store, node).context("joining the cluster")?;
     Ok(ClusterSetup {
         directory: membership.directory(),
+        secret,
         join: Box::new(move |engine| {
             membership
                 .join(engine)

@@ -12,6 +12,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 use spate_fraud::history::ENTRIES_PER_CARD_DEFAULT;
 use spate_fraud::record::Txn;
+use spate_server::cluster_auth::{ClusterSecret, SIGNATURE_HEADER};
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -34,6 +35,8 @@ const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/kafka.s
 struct Cluster {
     dir: tempfile::TempDir,
     bootstrap: String,
+    /// The secret every spate node of the tests signs its requests to the others with.
+    secret_file: std::path::PathBuf,
 }
 
 impl Cluster {
@@ -46,7 +49,27 @@ impl Cluster {
             .last()
             .expect("bootstrap servers")
             .to_string();
-        Self { dir, bootstrap }
+        let secret_file = dir.path().join("cluster.secret");
+        std::fs::write(&secret_file, rand::random::<[u8; 32]>()).unwrap();
+        Self {
+            dir,
+            bootstrap,
+            secret_file,
+        }
+    }
+
+    /// The arguments that make a server node `id` of a cluster.
+    fn node_args<'a>(&'a self, id: &'a str) -> [&'a str; 4] {
+        [
+            "--node-id",
+            id,
+            "--cluster-secret-file",
+            path(&self.secret_file),
+        ]
+    }
+
+    fn secret(&self) -> ClusterSecret {
+        ClusterSecret::read(&self.secret_file).unwrap()
     }
 
     fn kill_broker(&self, node: u32) {
@@ -208,7 +231,8 @@ fn three_nodes_survive_pause_kill_lost_disk_and_restarts(cluster: &Cluster, seed
     let start_node = |i: usize| {
         let id = (i + 1).to_string();
         let mut args = cluster.serve_args("nodes", PARTITIONS, "tally");
-        args.extend(["--node-id", &id, "--listen", &listens[i]]);
+        args.extend(cluster.node_args(&id));
+        args.extend(["--listen", &listens[i]]);
         Server::start(dirs[i].path(), &args, None)
     };
     let mut nodes: Vec<Option<Server>> = (0..3).map(|i| Some(start_node(i))).collect();
@@ -257,9 +281,36 @@ fn three_nodes_survive_pause_kill_lost_disk_and_restarts(cluster: &Cluster, seed
     );
     warm_up(&base(&nodes, 1), AFTER_NODE_LOSS_TAG + 2 * ACCOUNTS as u64);
 
-    // Hostile bytes on the routes nodes call each other on get a 400 naming the problem, and change
-    // nothing (the exactly-once checks below would see it).
+    // Requests to the routes nodes call each other on that the cluster's secret did not sign get a 401
+    // naming why; signed hostile bytes get a 400 naming the problem. Neither changes anything (the
+    // exactly-once checks below would see it).
     let agent = agent();
+    let (secret, stranger) = (cluster.secret(), ClusterSecret::new(&[7; 32]).unwrap());
+    let command = json!({"amount": 1, "tag": 1}).to_string().into_bytes();
+    for (signature, expected) in [
+        (None, "needs the x-spate-signature header"),
+        (Some("t=1,v=00".to_string()), "is not t=<unix ms>,v="),
+        (
+            Some(secret.sign("POST", "/internal/v1/partitions/0/commands", b"")),
+            "signature is wrong",
+        ),
+        (
+            Some(stranger.sign("POST", "/internal/v1/partitions/0/messages", &command)),
+            "signature is wrong",
+        ),
+    ] {
+        let url = format!("{first}/internal/v1/partitions/0/messages");
+        let headers: Vec<_> = signature
+            .iter()
+            .map(|s| (SIGNATURE_HEADER, s.as_str()))
+            .collect();
+        let (status, reply) = support::post_with_headers(&agent, &url, &headers, &command).unwrap();
+        assert_eq!(status, 401, "{signature:?}: {reply}");
+        assert!(
+            reply.to_string().contains(expected),
+            "{signature:?}: {reply}"
+        );
+    }
     for (path, body, expected) in [
         ("0/commands", vec![0xff; 9], "bad forwarded commands"),
         (
@@ -276,8 +327,12 @@ fn three_nodes_survive_pause_kill_lost_disk_and_restarts(cluster: &Cluster, seed
         ("0/reads", vec![], "a read names no app"),
         ("999/reads", vec![1], "out of range"),
     ] {
-        let url = format!("{first}/internal/v1/partitions/{path}");
-        let (status, reply) = support::post_bytes(&agent, &url, None, body).expect("an answer");
+        let route = format!("/internal/v1/partitions/{path}");
+        let signature = secret.sign("POST", &route, &body);
+        let headers = [(SIGNATURE_HEADER, signature.as_str())];
+        let url = format!("{first}{route}");
+        let (status, reply) =
+            support::post_with_headers(&agent, &url, &headers, &body).expect("an answer");
         assert_eq!(status, 400, "{path}: {reply}");
         assert!(reply.to_string().contains(expected), "{path}: {reply}");
     }
@@ -294,6 +349,8 @@ fn three_nodes_survive_pause_kill_lost_disk_and_restarts(cluster: &Cluster, seed
         PARTITIONS,
         "--node-id",
         "1",
+        "--cluster-secret-file",
+        path(&cluster.secret_file),
         "--listen",
         "127.0.0.1:0",
         "--advertise",
@@ -378,7 +435,8 @@ fn mixed_load_survives_a_lost_node(cluster: &Cluster, seed: u64) {
         let id = (i + 1).to_string();
         let mut args =
             cluster.serve_args("mixed", PARTITIONS, "tally,ledger,ski,fraud,leaderboard");
-        args.extend(["--node-id", &id, "--listen", &listens[i]]);
+        args.extend(cluster.node_args(&id));
+        args.extend(["--listen", &listens[i]]);
         args.extend(["--fraud-key-file", fraud_key]);
         Server::start(dirs[i].path(), &args, None)
     };
@@ -884,6 +942,22 @@ fn bad_configuration_is_refused(cluster: &Cluster) {
             &cluster.bootstrap,
         ]);
         assert!(stderr.contains(expected), "{apps}: {stderr}");
+    }
+    // A node that would accept requests from anyone who reaches its port, or a secret too short to keep
+    // them out.
+    let short_secret = cluster.dir.path().join("short.secret");
+    std::fs::write(&short_secret, "too short\n").unwrap();
+    for (secret, expected) in [
+        (None, "--node-id needs --cluster-secret-file"),
+        (Some(path(&short_secret)), "the cluster secret has 9 bytes"),
+    ] {
+        let mut args = vec!["--apps", "tally", "--listen", "127.0.0.1:0"];
+        args.extend(["--kafka", &cluster.bootstrap, "--node-id", "9"]);
+        if let Some(secret) = secret {
+            args.extend(["--cluster-secret-file", secret]);
+        }
+        let stderr = refused_start(&args);
+        assert!(stderr.contains(expected), "{secret:?}: {stderr}");
     }
     refused(
         "127.0.0.1:1",

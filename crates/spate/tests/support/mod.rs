@@ -179,12 +179,27 @@ pub fn post_raw(
     key: Option<&str>,
     body: &[u8],
 ) -> Result<(u16, Value), ureq::Error> {
-    let mut request = agent.post(url);
+    let mut headers = Vec::new();
     if let Some(content_type) = content_type {
-        request = request.header("content-type", content_type);
+        headers.push(("content-type", content_type));
     }
     if let Some(key) = key {
-        request = request.header("Idempotency-Key", key);
+        headers.push(("Idempotency-Key", key));
+    }
+    post_with_headers(agent, url, &headers, body)
+}
+
+/// POSTs `body` with `headers`; the status and the JSON answer (`null` if none), `Err` only when no
+/// HTTP answer came.
+pub fn post_with_headers(
+    agent: &ureq::Agent,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<(u16, Value), ureq::Error> {
+    let mut request = agent.post(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
     }
     let mut response = request.send(body)?;
     let status = response.status().as_u16();
