@@ -93,6 +93,11 @@ pub struct ServeArgs {
     /// warning) if missing [default: $XDG_CONFIG_HOME/spate/payments.kek or ~/.config/spate/payments.kek]
     #[arg(long, env = "SPATE_KEK_FILE")]
     kek_file: Option<PathBuf>,
+    /// payments: the keyring, the data keys the KEK wraps; created if missing on a single server. With
+    /// --kafka: required, outside the data directory, made once with `spate payments new-keyring` and the
+    /// same file on every node [default: <data-dir>/payments/keyring.json]
+    #[arg(long, env = "SPATE_PAYMENTS_KEYRING_FILE")]
+    payments_keyring_file: Option<PathBuf>,
     /// payments: merchant settings and feature switches (TOML) [default: the built-in copy]
     #[arg(long, env = "SPATE_PAYMENTS_MERCHANTS")]
     payments_merchants: Option<PathBuf>,
@@ -166,6 +171,8 @@ pub struct AppOptions {
 pub struct PaymentsOptions {
     data_dir: PathBuf,
     kek_file: Option<PathBuf>,
+    keyring_file: PathBuf,
+    create_keyring: bool,
     merchants: Option<PathBuf>,
     tax_rates: Option<PathBuf>,
     settlement_dir: PathBuf,
@@ -184,6 +191,8 @@ impl PaymentsOptions {
         spate_payments::module(spate_payments::PaymentsConfig {
             data_dir: self.data_dir.clone(),
             kek_file,
+            keyring_file: self.keyring_file.clone(),
+            create_keyring: self.create_keyring,
             settlement_dir: self.settlement_dir.clone(),
             reference: spate_payments::reference::ReferenceSources {
                 merchants_file: self.merchants.clone(),
@@ -266,6 +275,7 @@ impl ServeArgs {
                 fraud_key_file,
                 fraud_entries_per_card,
                 kek_file,
+                payments_keyring_file,
                 payments_merchants,
                 payments_tax_rates,
                 payments_settlement_dir,
@@ -286,6 +296,10 @@ impl ServeArgs {
             );
         }
         let ski = self.ski_config()?;
+        let apps = self
+            .apps
+            .take()
+            .unwrap_or_else(|| APPS.iter().map(|s| s.to_string()).collect());
         let data_dir = self.data_dir.unwrap_or_else(|| PathBuf::from("./data"));
         let fraud_stream_listen = match self.fraud_stream_listen.as_deref() {
             None => Some(SocketAddr::from(([127, 0, 0, 1], 8090))),
@@ -303,7 +317,18 @@ impl ServeArgs {
                 spate_fraud::history::ENTRIES_PER_CARD_MAX
             );
         }
-        let has_fraud_key_file = self.fraud_key_file.is_some();
+        check_keys_for_kafka(
+            &apps,
+            self.kafka.is_some(),
+            self.fraud_key_file.is_some(),
+            self.payments_keyring_file.is_some(),
+        )?;
+        if self.node_id.is_some() && self.payments_settle_every_secs.unwrap_or(0) > 0 {
+            bail!(
+                "--payments-settle-every-secs does not go with --node-id: every node would settle at \
+                 once; settle on request through one node (`spate payments settle --url NODE`)"
+            );
+        }
         let app_options = AppOptions {
             fraud_stream_listen,
             fraud_key_file: self
@@ -317,6 +342,10 @@ impl ServeArgs {
             payments: PaymentsOptions {
                 data_dir: data_dir.clone(),
                 kek_file: self.kek_file,
+                create_keyring: self.payments_keyring_file.is_none(),
+                keyring_file: self
+                    .payments_keyring_file
+                    .unwrap_or_else(|| spate_payments::keys::Keyring::path_in(&data_dir)),
                 merchants: self.payments_merchants,
                 tax_rates: self.payments_tax_rates,
                 settlement_dir: self
@@ -367,10 +396,6 @@ impl ServeArgs {
         let listen = self
             .listen
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
-        let apps = self
-            .apps
-            .unwrap_or_else(|| APPS.iter().map(|s| s.to_string()).collect());
-        check_keys_for_kafka(&apps, self.kafka.is_some(), has_fraud_key_file)?;
         let (logs, cluster) = match self.kafka {
             None if self.node_id.is_some()
                 || self.advertise.is_some()
@@ -494,7 +519,12 @@ fn cluster_setup(
 /// With the journal on Kafka, card data sealed in it must stay readable when this machine's data directory
 /// is lost, and in a cluster by every node: its keys must come from outside the data directory, the same
 /// on every node.
-fn check_keys_for_kafka(apps: &[String], kafka: bool, fraud_key_file: bool) -> anyhow::Result<()> {
+fn check_keys_for_kafka(
+    apps: &[String],
+    kafka: bool,
+    fraud_key_file: bool,
+    payments_keyring_file: bool,
+) -> anyhow::Result<()> {
     let enabled = |app: &str| apps.iter().any(|a| a == app);
     if kafka && enabled(spate_fraud::APP_NAME) && !fraud_key_file {
         bail!(
@@ -503,11 +533,11 @@ fn check_keys_for_kafka(apps: &[String], kafka: bool, fraud_key_file: bool) -> a
              journal unreadable"
         );
     }
-    if kafka && enabled(spate_payments::APP_NAME) {
+    if kafka && enabled(spate_payments::APP_NAME) && !payments_keyring_file {
         bail!(
-            "payments cannot run with --kafka yet: its data keys are kept in the data directory, which a journal \
-             on Kafka outlives, so another node (or this one after losing its disk) could not open its card \
-             data; leave it out with --apps, or run it on the embedded journal"
+            "with --kafka, payments needs --payments-keyring-file outside the data directory (made once with \
+             `spate payments new-keyring`, the same file and --kek-file on every node): the journal on Kafka \
+             outlives this machine's disk, and data keys kept on it would leave its card data unreadable"
         );
     }
     Ok(())

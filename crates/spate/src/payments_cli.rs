@@ -17,11 +17,24 @@ pub enum PaymentsCommand {
         #[arg(long)]
         regenerate: Option<String>,
     },
-    /// Re-wrap the data directory's keys under a new key-encrypting key and start a new data key for
-    /// new cards. Stop the server first; start it again with the new key.
+    /// Make the keyring the nodes of a cluster share (fresh data, token and MAC keys wrapped by the
+    /// KEK); give every node this file with --payments-keyring-file, and the same KEK.
+    NewKeyring {
+        /// The key-encrypting key that wraps it; created (mode 0600) if missing [default: as `spate serve`]
+        #[arg(long, env = "SPATE_KEK_FILE")]
+        kek_file: Option<PathBuf>,
+        /// Where to write it; refused if it exists
+        #[arg(long)]
+        keyring_file: PathBuf,
+    },
+    /// Re-wrap the keyring's keys under a new key-encrypting key and start a new data key for new
+    /// cards. Stop the server first (every node, in a cluster); start it again with the new key (and
+    /// the rewritten keyring on every node).
     RotateKey {
         #[arg(long, env = "SPATE_DATA_DIR", default_value = "./data")]
         data_dir: PathBuf,
+        #[command(flatten)]
+        keyring: KeyringFile,
         /// The key-encrypting key the keyring is wrapped with now [default: as `spate serve`]
         #[arg(long, env = "SPATE_KEK_FILE")]
         kek_file: Option<PathBuf>,
@@ -33,10 +46,27 @@ pub enum PaymentsCommand {
     VerifySettlement {
         #[arg(long, env = "SPATE_DATA_DIR", default_value = "./data")]
         data_dir: PathBuf,
+        #[command(flatten)]
+        keyring: KeyringFile,
         #[arg(long, env = "SPATE_KEK_FILE")]
         kek_file: Option<PathBuf>,
         files: Vec<PathBuf>,
     },
+}
+
+#[derive(clap::Args)]
+pub struct KeyringFile {
+    /// The keyring [default: as `spate serve`, <data-dir>/payments/keyring.json]
+    #[arg(long = "keyring-file", env = "SPATE_PAYMENTS_KEYRING_FILE")]
+    path: Option<PathBuf>,
+}
+
+impl KeyringFile {
+    fn path(&self, data_dir: &Path) -> PathBuf {
+        self.path
+            .clone()
+            .unwrap_or_else(|| Keyring::path_in(data_dir))
+    }
 }
 
 fn kek_path(kek_file: Option<PathBuf>) -> anyhow::Result<PathBuf> {
@@ -74,8 +104,32 @@ pub fn run(command: PaymentsCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        PaymentsCommand::NewKeyring {
+            kek_file,
+            keyring_file,
+        } => {
+            if keyring_file.exists() {
+                bail!(
+                    "{} exists; a cluster's nodes must share one keyring, so it is never replaced",
+                    keyring_file.display()
+                );
+            }
+            let kek_file = kek_path(kek_file)?;
+            let (kek, created) = Kek::read_or_create(&kek_file)?;
+            let keyring = Keyring::load_or_create(&keyring_file, &kek)?;
+            println!(
+                "wrote {} (data key {}) wrapped by {}{}; give every node this file \
+                 (--payments-keyring-file) and the same KEK (--kek-file)",
+                keyring_file.display(),
+                keyring.active_data_key(),
+                kek.id(),
+                if created { " (created)" } else { "" }
+            );
+            Ok(())
+        }
         PaymentsCommand::RotateKey {
             data_dir,
+            keyring,
             kek_file,
             new_kek_file,
         } => {
@@ -84,10 +138,11 @@ pub fn run(command: PaymentsCommand) -> anyhow::Result<()> {
             if old.id() == new.id() {
                 bail!("the new key-encrypting key is the old one");
             }
-            let rotation = rotate(&data_dir, &old, &new)?;
+            let keyring = keyring.path(&data_dir);
+            let rotation = rotate(&keyring, &old, &new)?;
             println!(
-                "re-wrapped the keyring of {} from {} to {}{}; new cards are sealed with data key {}",
-                data_dir.display(),
+                "re-wrapped the keyring {} from {} to {}{}; new cards are sealed with data key {}",
+                keyring.display(),
                 rotation.old_kek,
                 rotation.new_kek,
                 if created { " (created)" } else { "" },
@@ -97,11 +152,12 @@ pub fn run(command: PaymentsCommand) -> anyhow::Result<()> {
         }
         PaymentsCommand::VerifySettlement {
             data_dir,
+            keyring,
             kek_file,
             files,
         } => {
             let kek = existing_kek(&kek_path(kek_file)?, &data_dir)?;
-            let keyring = Keyring::open_or_create(&data_dir, &kek)?;
+            let keyring = Keyring::load(&keyring.path(&data_dir), &kek)?;
             let mut failed = 0;
             for file in &files {
                 let bytes =

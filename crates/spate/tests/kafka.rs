@@ -13,7 +13,7 @@ use serde_json::json;
 use spate_fraud::history::ENTRIES_PER_CARD_DEFAULT;
 use spate_fraud::record::Txn;
 use spate_server::cluster_auth::{ClusterSecret, SIGNATURE_HEADER};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
@@ -178,9 +178,12 @@ fn kafka_cluster_keeps_every_acknowledged_command() {
     let cluster = Cluster::start();
     let seed = seed();
     eprintln!("kafka test seed {seed} (rerun with SPATE_CRASH_SEED={seed})");
-    let scenarios: [(&str, &dyn Fn()); 7] = [
+    let scenarios: [(&str, &dyn Fn()); 8] = [
         ("mixed load: kill -9 of a node", &|| {
             mixed_load_survives_a_lost_node(&cluster, seed)
+        }),
+        ("payments: kill -9 of a node, then settlement", &|| {
+            payments_survive_a_lost_node(&cluster, seed)
         }),
         (
             "three nodes: pause, kill -9, lost disk, rolling restart",
@@ -632,6 +635,289 @@ fn mixed_load_survives_a_lost_node(cluster: &Cluster, seed: u64) {
     }
 }
 
+/// What a payments client of [`payments_survive_a_lost_node`] was told.
+#[derive(Default)]
+struct PaymentsClient {
+    /// Payment id -> (amount, whether its one full capture was acknowledged).
+    payments: BTreeMap<String, (u64, bool)>,
+    /// The card numbers it sent, to look for on the brokers.
+    cards: Vec<String>,
+    /// The request without an answer when it stopped: (path, idempotency key, body).
+    in_flight: Option<(String, String, serde_json::Value)>,
+}
+
+/// Authorizes a payment and captures all of it, again and again, through `base`. A 503 (a moving
+/// partition) is retried with the same key; the client returns when its node is gone or `stop` is set,
+/// leaving the request it was sending in `in_flight`.
+fn payments_client(
+    base: &str,
+    seed: u64,
+    client: u64,
+    state: &Mutex<PaymentsClient>,
+    stop: &AtomicBool,
+) {
+    let agent = agent();
+    let send = |request: (String, String, serde_json::Value)| {
+        state.lock().unwrap().in_flight = Some(request.clone());
+        let (path, key, body) = request;
+        loop {
+            match post(&agent, &format!("{base}{path}"), Some(&key), &body) {
+                Ok((200, reply)) => {
+                    state.lock().unwrap().in_flight = None;
+                    return Some(reply);
+                }
+                Ok((503, _)) if !stop.load(Ordering::Relaxed) => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                Ok((status, reply)) if status != 503 => panic!("{path} answered {status}: {reply}"),
+                _ => return None,
+            }
+        }
+    };
+    for n in 0u64.. {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let card =
+            spate_payments::card::test_number(seed % 1_000 * 1_000_000 + client * 10_000 + n);
+        let amount = 1_000 + n % 500;
+        state.lock().unwrap().cards.push(card.clone());
+        let authorization = json!({
+            "amount": amount,
+            "currency": "usd",
+            "merchant": "acme_shop",
+            "card": {"number": card, "exp_month": 12, "exp_year": 2030, "cvc": "739"},
+            "tax": {"category": "general", "jurisdiction": "US-CA"},
+        });
+        let key = format!("c{client}-p{n}");
+        let Some(reply) = send(("/v1/payments".into(), format!("{key}-auth"), authorization))
+        else {
+            return;
+        };
+        let id = reply["id"].as_str().expect("a payment id").to_string();
+        state
+            .lock()
+            .unwrap()
+            .payments
+            .insert(id.clone(), (amount, false));
+        let capture = json!({"amount": amount, "final_capture": true});
+        let path = format!("/v1/payments/{id}/capture");
+        if send((path, format!("{key}-capture"), capture)).is_none() {
+            return;
+        }
+        state.lock().unwrap().payments.get_mut(&id).unwrap().1 = true;
+    }
+}
+
+/// Payments on three nodes that share one keyring (made with `spate payments new-keyring`): payments
+/// authorized and captured through every node, kill -9 of one node at a random moment. Then both
+/// survivors hold every acknowledged payment and capture exactly once; a settlement run through one node,
+/// which reads and confirms every partition wherever it lives, settles each capture once, in files that
+/// verify; and no broker segment holds a card number.
+fn payments_survive_a_lost_node(cluster: &Cluster, seed: u64) {
+    const PARTITIONS: &str = "4";
+    let mut rng = StdRng::seed_from_u64(seed);
+    let keys = tempfile::tempdir().unwrap();
+    let (kek, keyring) = (
+        keys.path().join("payments.kek"),
+        keys.path().join("keyring.json"),
+    );
+    let new_keyring = || {
+        Command::new(env!("CARGO_BIN_EXE_spate"))
+            .args(["payments", "new-keyring", "--kek-file", path(&kek)])
+            .args(["--keyring-file", path(&keyring)])
+            .output()
+            .expect("run spate payments new-keyring")
+    };
+    let made = new_keyring();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let again = new_keyring();
+    assert!(
+        !again.status.success()
+            && String::from_utf8_lossy(&again.stderr).contains("never replaced"),
+        "a second new-keyring must not replace the cluster's keyring"
+    );
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let listens: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let start_node = |i: usize| {
+        let id = (i + 1).to_string();
+        let mut args = cluster.serve_args("payments", PARTITIONS, "tally,payments");
+        args.extend(cluster.node_args(&id));
+        args.extend(["--listen", &listens[i], "--kek-file", path(&kek)]);
+        args.extend(["--payments-keyring-file", path(&keyring)]);
+        Server::start(dirs[i].path(), &args, None)
+    };
+    let mut nodes: Vec<Option<Server>> = (0..3).map(|i| Some(start_node(i))).collect();
+    let bases: Vec<String> = nodes
+        .iter()
+        .map(|node| node.as_ref().unwrap().base.clone())
+        .collect();
+    assert_owners(&bases[0], &[1, 2, 3], "payments, at start");
+    warm_up(&bases[0], WARM_UP_TAG);
+
+    let clients: Vec<Mutex<PaymentsClient>> = (0..6).map(|_| Mutex::default()).collect();
+    let captured = || {
+        clients
+            .iter()
+            .map(|c| c.lock().unwrap().payments.values().filter(|p| p.1).count())
+            .sum::<usize>()
+    };
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for (i, state) in clients.iter().enumerate() {
+            let (base, stop) = (&bases[i / 2], &stop);
+            scope.spawn(move || payments_client(base, seed, i as u64, state, stop));
+        }
+        let loaded = support::eventually(Duration::from_secs(60), || captured() >= 15);
+        assert!(loaded, "only {} payments captured in 60 s", captured());
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..1000)));
+        nodes[1].take().unwrap().kill9();
+        assert_owners(&bases[0], &[1, 3], "payments, after node 2 was killed");
+        let at_kill = captured();
+        let went_on = support::eventually(Duration::from_secs(60), || captured() >= at_kill + 10);
+        assert!(went_on, "payments stalled after the kill");
+        stop.store(true, Ordering::Relaxed);
+    });
+    // What was in flight is retried through a survivor with its key: applied once, or answered from
+    // the first time.
+    let agent = agent();
+    for state in &clients {
+        let mut state = state.lock().unwrap();
+        let Some((path, key, body)) = state.in_flight.take() else {
+            continue;
+        };
+        let url = format!("{}{path}", bases[0]);
+        let (status, reply) = support::retry_while_moving(|| {
+            post(&agent, &url, Some(&key), &body).expect("an answer")
+        });
+        assert_eq!(status, 200, "retried {path}: {reply}");
+        match path.strip_suffix("/capture") {
+            Some(payment) => {
+                let id = payment.trim_start_matches("/v1/payments/");
+                state.payments.get_mut(id).expect("a known payment").1 = true;
+            }
+            None => {
+                let id = reply["id"].as_str().unwrap().to_string();
+                state
+                    .payments
+                    .insert(id, (body["amount"].as_u64().unwrap(), false));
+            }
+        }
+    }
+    let payments: BTreeMap<String, (u64, bool)> = clients
+        .iter()
+        .flat_map(|c| c.lock().unwrap().payments.clone())
+        .collect();
+    let captures = payments.values().filter(|p| p.1).count();
+    let check_payments = |base: &str, settled: bool| {
+        for (id, (amount, captured)) in &payments {
+            let url = format!("{base}/v1/payments/{id}");
+            let (status, payment) = support::retry_while_moving(|| get(&agent, &url));
+            assert_eq!(status, 200, "{base}: acknowledged payment {id}: {payment}");
+            assert_eq!(payment["amount"].as_u64(), Some(*amount), "{id}");
+            let stored: Vec<(u64, &str)> = payment["captures"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| (c["amount"].as_u64().unwrap(), c["status"].as_str().unwrap()))
+                .collect();
+            let status = if settled { "succeeded" } else { "pending" };
+            let expected: Vec<(u64, &str)> =
+                captured.then_some((*amount, status)).into_iter().collect();
+            assert_eq!(stored, expected, "{base}: {id}: its capture exactly once");
+        }
+    };
+    for i in [0, 2] {
+        check_payments(&bases[i], false);
+    }
+    // Settlement through node 1 reads and confirms the partitions node 3 applies too.
+    let (status, report) = support::retry_while_moving(|| {
+        support::post_raw(
+            &agent,
+            &format!("{}/admin/settlements", bases[0]),
+            None,
+            None,
+            b"",
+        )
+        .expect("an answer")
+    });
+    assert_eq!(status, 200, "settlement: {report}");
+    let settled: u64 = report["batches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["captures"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        settled, captures as u64,
+        "every capture settled once: {report}"
+    );
+    check_payments(&bases[2], true);
+    let keyring = spate_payments::keys::Keyring::load(
+        &keyring,
+        &spate_payments::keys::Kek::read_or_create(&kek).unwrap().0,
+    )
+    .unwrap();
+    let mut in_files: HashMap<String, u64> = HashMap::new();
+    for file in spate_payments::settle::files_under(&dirs[0].path().join("settlements")) {
+        let bytes = std::fs::read(&file).unwrap();
+        spate_payments::settle::verify(&bytes, &keyring)
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        for line in String::from_utf8(bytes)
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("D|"))
+        {
+            let fields: Vec<&str> = line.split('|').collect();
+            let previous = in_files.insert(fields[2].to_string(), fields[3].parse().unwrap());
+            assert!(previous.is_none(), "{} settled twice", fields[2]);
+        }
+    }
+    for (id, (amount, captured)) in &payments {
+        let capture = format!("cap_{}_1", &id[4..]);
+        let expected = captured.then_some(*amount);
+        assert_eq!(
+            in_files.get(&capture).copied(),
+            expected,
+            "{capture} in the settlement files"
+        );
+    }
+    eprintln!(
+        "payments: {} payments, {captures} captures settled through one node after a kill",
+        payments.len()
+    );
+    // Card numbers cross nodes and Kafka only sealed.
+    let cards: std::collections::HashSet<Vec<u8>> = clients
+        .iter()
+        .flat_map(|c| c.lock().unwrap().cards.clone())
+        .map(String::into_bytes)
+        .collect();
+    let card_bytes = cards.iter().next().expect("cards were sent").len();
+    for file in support::files_under(cluster.dir.path())
+        .into_iter()
+        .filter(|f| f.extension() == Some("log".as_ref()))
+    {
+        let Ok(bytes) = std::fs::read(&file) else {
+            continue;
+        };
+        // Every test card number starts with 4; the cheap checks go first.
+        let found = bytes
+            .windows(card_bytes)
+            .find(|w| w[0] == b'4' && w.iter().all(u8::is_ascii_digit) && cards.contains(*w));
+        assert!(
+            found.is_none(),
+            "{} holds a card number in clear",
+            file.display()
+        );
+    }
+}
+
 /// Waits until the cluster, as `base` describes it, is exactly `node_ids` and every partition has an
 /// owner.
 fn assert_owners(base: &str, node_ids: &[u64], when: &str) {
@@ -931,7 +1217,7 @@ fn bad_configuration_is_refused(cluster: &Cluster) {
     // be unreadable from the journal once that disk is lost.
     for (apps, expected) in [
         ("fraud", "fraud needs --fraud-key-file"),
-        ("tally,payments", "payments cannot run with --kafka yet"),
+        ("tally,payments", "payments needs --payments-keyring-file"),
     ] {
         let stderr = refused_start(&[
             "--apps",

@@ -447,7 +447,8 @@ fn open_keyring(data_dir: &Path) -> spate_payments::keys::Keyring {
     let (kek, created) =
         spate_payments::keys::Kek::load_or_create(&kek_of(data_dir), data_dir).unwrap();
     assert!(!created);
-    spate_payments::keys::Keyring::open_or_create(data_dir, &kek).unwrap()
+    spate_payments::keys::Keyring::load(&spate_payments::keys::Keyring::path_in(data_dir), &kek)
+        .unwrap()
 }
 
 #[test]

@@ -108,6 +108,11 @@ impl Kek {
                 data_dir: data_dir.to_path_buf(),
             });
         }
+        Self::read_or_create(path)
+    }
+
+    /// [`Self::load_or_create`] where no data directory is involved (making a cluster's keyring).
+    pub fn read_or_create(path: &Path) -> Result<(Self, bool), KeyError> {
         let existed = path.exists();
         let key = spate_fraud::cipher::load_or_create_key(path).map_err(|e| {
             if e.kind() == io::ErrorKind::InvalidData {
@@ -255,13 +260,22 @@ pub struct Keyring {
 }
 
 impl Keyring {
+    /// Where a single server keeps its keyring: in its data directory (the keys are wrapped, so the
+    /// directory holds nothing that opens them without the KEK).
     pub fn path_in(data_dir: &Path) -> PathBuf {
         data_dir.join("payments").join("keyring.json")
     }
 
-    /// Opens the data directory's keyring with `kek`, creating a new one (fresh random keys) if none exists.
-    pub fn open_or_create(data_dir: &Path, kek: &Kek) -> Result<Self, KeyError> {
-        let path = Self::path_in(data_dir);
+    /// Opens the keyring at `path` with `kek`; it must exist. Nodes of a cluster share one keyring file:
+    /// a keyring made on the spot by one of them would seal cards the others cannot open.
+    pub fn load(path: &Path, kek: &Kek) -> Result<Self, KeyError> {
+        let bytes = std::fs::read(path).map_err(io_error(path))?;
+        Self::from_file(path, &bytes, kek)
+    }
+
+    /// Opens the keyring at `path` with `kek`, creating a new one (fresh random keys) if none exists.
+    pub fn load_or_create(path: &Path, kek: &Kek) -> Result<Self, KeyError> {
+        let path = path.to_path_buf();
         match std::fs::read(&path) {
             Ok(bytes) => Self::from_file(&path, &bytes, kek),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -424,12 +438,11 @@ pub struct Rotation {
     pub new_data_key: u32,
 }
 
-/// Re-wraps every key of the keyring in `data_dir` under `new`, and adds a fresh data key that seals
-/// new cards from now on (old cards keep opening under their own key id). Run it with the server stopped.
-pub fn rotate(data_dir: &Path, old: &Kek, new: &Kek) -> Result<Rotation, KeyError> {
-    let path = Keyring::path_in(data_dir);
-    let bytes = std::fs::read(&path).map_err(io_error(&path))?;
-    let mut keyring = Keyring::from_file(&path, &bytes, old)?;
+/// Re-wraps every key of the keyring at `path` under `new`, and adds a fresh data key that seals new
+/// cards from now on (old cards keep opening under their own key id). Run it with the servers stopped
+/// (in a cluster, then give every node the new keyring and KEK).
+pub fn rotate(path: &Path, old: &Kek, new: &Kek) -> Result<Rotation, KeyError> {
+    let mut keyring = Keyring::load(path, old)?;
     let new_data_key = keyring.raw_data_keys.keys().max().map_or(1, |id| id + 1);
     keyring.raw_data_keys.insert(new_data_key, random_key());
     keyring.active_data_key = new_data_key;
@@ -467,7 +480,7 @@ mod tests {
     #[test]
     fn sealed_cards_open_only_for_their_record() {
         let dir = tempfile::tempdir().unwrap();
-        let keyring = Keyring::open_or_create(dir.path(), &kek(1)).unwrap();
+        let keyring = Keyring::load_or_create(&Keyring::path_in(dir.path()), &kek(1)).unwrap();
         let sealed = keyring.seal(b"pay_1", "4242424242424242");
         assert_eq!(keyring.open(b"pay_1", &sealed).unwrap(), "4242424242424242");
         assert_eq!(keyring.open(b"pay_2", &sealed), Err(OpenError::Rejected));
@@ -487,16 +500,16 @@ mod tests {
     #[test]
     fn a_keyring_reopens_with_its_kek_only() {
         let dir = tempfile::tempdir().unwrap();
-        let first = Keyring::open_or_create(dir.path(), &kek(1)).unwrap();
+        let first = Keyring::load_or_create(&Keyring::path_in(dir.path()), &kek(1)).unwrap();
         let sealed = first.seal(b"pay_1", "4000056655665556");
-        let again = Keyring::open_or_create(dir.path(), &kek(1)).unwrap();
+        let again = Keyring::load_or_create(&Keyring::path_in(dir.path()), &kek(1)).unwrap();
         assert_eq!(
             again.token("4000056655665556"),
             first.token("4000056655665556")
         );
         assert_eq!(again.open(b"pay_1", &sealed).unwrap(), "4000056655665556");
         assert!(matches!(
-            Keyring::open_or_create(dir.path(), &kek(2)),
+            Keyring::load_or_create(&Keyring::path_in(dir.path()), &kek(2)),
             Err(KeyError::WrongKek { .. })
         ));
     }
@@ -504,12 +517,12 @@ mod tests {
     #[test]
     fn rotation_rewraps_keeps_tokens_and_old_cards_and_adds_a_data_key() {
         let dir = tempfile::tempdir().unwrap();
-        let before = Keyring::open_or_create(dir.path(), &kek(1)).unwrap();
+        let before = Keyring::load_or_create(&Keyring::path_in(dir.path()), &kek(1)).unwrap();
         let sealed = before.seal(b"pay_1", "5555555555554444");
-        let rotation = rotate(dir.path(), &kek(1), &kek(2)).unwrap();
+        let rotation = rotate(&Keyring::path_in(dir.path()), &kek(1), &kek(2)).unwrap();
         assert_eq!(rotation.new_data_key, 2);
-        assert!(Keyring::open_or_create(dir.path(), &kek(1)).is_err());
-        let after = Keyring::open_or_create(dir.path(), &kek(2)).unwrap();
+        assert!(Keyring::load_or_create(&Keyring::path_in(dir.path()), &kek(1)).is_err());
+        let after = Keyring::load_or_create(&Keyring::path_in(dir.path()), &kek(2)).unwrap();
         assert_eq!(after.active_data_key(), 2);
         assert_eq!(after.open(b"pay_1", &sealed).unwrap(), "5555555555554444");
         assert_eq!(

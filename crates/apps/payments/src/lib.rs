@@ -38,6 +38,10 @@ pub struct PaymentsConfig {
     pub data_dir: PathBuf,
     /// The key-encrypting key; never inside `data_dir`.
     pub kek_file: PathBuf,
+    /// The keys it wraps (`Keyring::path_in(data_dir)` for a single server).
+    pub keyring_file: PathBuf,
+    /// Whether a missing keyring is created (a single server) or refused (a cluster's nodes share one).
+    pub create_keyring: bool,
     pub settlement_dir: PathBuf,
     pub reference: ReferenceSources,
     /// Settle on this period inside the server; `None` only on request.
@@ -54,8 +58,17 @@ pub fn module(config: PaymentsConfig) -> Result<AppModule, String> {
             "created a development key-encrypting key for card data; in production provision one (--kek-file or SPATE_KEK_FILE) and keep it off this machine's data disk"
         );
     }
-    let keyring =
-        Arc::new(Keyring::open_or_create(&config.data_dir, &kek).map_err(|e| e.to_string())?);
+    let keyring = if config.create_keyring {
+        Keyring::load_or_create(&config.keyring_file, &kek).map_err(|e| e.to_string())
+    } else {
+        Keyring::load(&config.keyring_file, &kek).map_err(|e| {
+            format!(
+                "{e} (the nodes of a cluster share one keyring: create it once with `spate payments \
+                 new-keyring` and give every node the same file and KEK)"
+            )
+        })
+    };
+    let keyring = Arc::new(keyring?);
     tracing::info!(
         kek = kek.id(),
         data_key = keyring.active_data_key(),

@@ -9,7 +9,7 @@
 use crate::command::{Command, Reply, encode};
 use crate::keys::{Keyring, hex, write_durably};
 use crate::reference::Reference;
-use crate::state::{Detail, PaymentsState};
+use crate::state::{Batches, Detail, Details, SettleQuery};
 use crate::{APP_ID, command::decode};
 use serde::Serialize;
 use spate_engine::{EngineError, EngineHandle};
@@ -21,7 +21,7 @@ use std::time::Duration;
 /// Captures moved or confirmed per command: bounds a record's size (a few MB of events).
 const CAPTURES_PER_COMMAND_MAX: u32 = 50_000;
 /// Detail records read per query.
-const DETAILS_PER_QUERY_MAX: usize = 100_000;
+const DETAILS_PER_QUERY_MAX: u64 = 100_000;
 const OVERLOAD_RETRIES_MAX: u32 = 100;
 
 #[derive(Debug, Serialize)]
@@ -96,14 +96,20 @@ impl Settler {
         Err("the partition stayed overloaded".to_string())
     }
 
-    async fn query<R: Send + 'static>(
+    /// Asks `partition`, wherever it is applied, and decodes its answer.
+    async fn read<A: serde::de::DeserializeOwned>(
         &self,
         partition: u16,
-        read: impl Fn(&PaymentsState) -> R + Send + Clone + 'static,
-    ) -> Result<R, String> {
+        query: &SettleQuery,
+    ) -> Result<A, String> {
+        let query = encode(query);
         for _ in 0..OVERLOAD_RETRIES_MAX {
-            match self.engine.query(partition, APP_ID, read.clone()).await {
-                Ok(result) => return Ok(result),
+            match self.engine.read(partition, APP_ID, query.clone()).await {
+                Ok(answer) => {
+                    return decode(&answer).map_err(|e| {
+                        format!("partition {partition} answered settlement badly: {e}")
+                    });
+                }
                 Err(EngineError::Overloaded) => tokio::time::sleep(Duration::from_millis(10)).await,
                 Err(error) => return Err(error.to_string()),
             }
@@ -120,12 +126,10 @@ impl Settler {
         let mut last_batch = self.last_batch.lock().await;
         let mut open = std::collections::BTreeSet::new();
         for partition in self.partitions() {
-            let (open_here, last_here) = self
-                .query(partition, |s| (s.open_batches(), s.last_batch()))
-                .await?;
-            open.extend(open_here);
+            let here: Batches = self.read(partition, &SettleQuery::Batches).await?;
+            open.extend(here.open);
             // After a restart (or a clock step back) the next id still follows every batch made so far.
-            *last_batch = (*last_batch).max(last_here);
+            *last_batch = (*last_batch).max(here.last);
         }
         let mut batches = Vec::new();
         for batch in open {
@@ -225,12 +229,13 @@ impl Settler {
         for partition in self.partitions() {
             let mut offset = 0;
             loop {
-                let (details, total) = self
-                    .query(partition, move |s| {
-                        s.batch_details(batch, offset, DETAILS_PER_QUERY_MAX)
-                    })
-                    .await?;
-                offset += details.len();
+                let query = SettleQuery::Details {
+                    batch,
+                    offset,
+                    limit: DETAILS_PER_QUERY_MAX,
+                };
+                let Details { details, total } = self.read(partition, &query).await?;
+                offset += details.len() as u64;
                 for detail in details {
                     groups
                         .entry((detail.merchant.clone(), detail.currency.clone()))

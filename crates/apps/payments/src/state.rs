@@ -42,7 +42,7 @@ pub struct Batch {
 }
 
 /// One detail record of a settlement file.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Detail {
     pub merchant: String,
     pub currency: String,
@@ -50,6 +50,31 @@ pub struct Detail {
     pub capture_id: String,
     pub amount: u64,
     pub masked: String,
+}
+
+/// What settlement asks each partition ([`StateMachine::read`], postcard bytes): settlement runs on one
+/// node, and in a cluster the partitions it reads live on several.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SettleQuery {
+    /// Answered with [`Batches`].
+    Batches,
+    /// Answered with [`Details`]: up to `limit` detail records of `batch` from `offset` on.
+    Details { batch: u64, offset: u64, limit: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batches {
+    /// Batches assigned but not confirmed (a run that stopped half-way).
+    pub open: Vec<u64>,
+    /// See [`PaymentsState::last_batch`].
+    pub last: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Details {
+    pub details: Vec<Detail>,
+    /// The batch's detail records on this partition, all pages together.
+    pub total: u64,
 }
 
 /// The part of the partition state kept in the snapshot besides the fraud history; the indexes are
@@ -591,6 +616,31 @@ impl StateMachine for PaymentsState {
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
         out.write_bytes_le(&encode(&self.ledger))?;
         self.history.write_snapshot(out)
+    }
+
+    fn read(&self, query: &[u8]) -> Vec<u8> {
+        match decode::<SettleQuery>(query) {
+            Ok(SettleQuery::Batches) => encode(&Batches {
+                open: self.open_batches(),
+                last: self.last_batch(),
+            }),
+            Ok(SettleQuery::Details {
+                batch,
+                offset,
+                limit,
+            }) => {
+                let (details, total) = self.batch_details(
+                    batch,
+                    usize::try_from(offset).unwrap_or(usize::MAX),
+                    usize::try_from(limit).unwrap_or(usize::MAX),
+                );
+                encode(&Details {
+                    details,
+                    total: total as u64,
+                })
+            }
+            Err(_) => Vec::new(),
+        }
     }
 }
 
