@@ -342,7 +342,8 @@ impl ServeArgs {
             payments: PaymentsOptions {
                 data_dir: data_dir.clone(),
                 kek_file: self.kek_file,
-                create_keyring: self.payments_keyring_file.is_none(),
+                // Nodes on Kafka share one keyring: a node never makes its own.
+                create_keyring: self.kafka.is_none(),
                 keyring_file: self
                     .payments_keyring_file
                     .unwrap_or_else(|| spate_payments::keys::Keyring::path_in(&data_dir)),
