@@ -416,6 +416,94 @@ fn three_nodes_survive_pause_kill_lost_disk_and_restarts(cluster: &Cluster, seed
     check_exactly_once(&reader.base, &acked, &format!("seed {seed}, three nodes"));
 }
 
+/// Ledger and ski crash clients spread over a cluster's nodes, and what they were told.
+struct AppClients {
+    ledger: Vec<Mutex<ledger::Client>>,
+    ski: Vec<Mutex<ski::Client>>,
+}
+
+impl AppClients {
+    /// `count` clients of each app.
+    fn new(count: usize) -> Self {
+        Self {
+            ledger: (0..count).map(|_| Mutex::default()).collect(),
+            ski: (0..count).map(|_| Mutex::default()).collect(),
+        }
+    }
+
+    /// Runs every client on `scope` until `stop`, client `i` through node `i * bases.len() / count`.
+    /// Client ids are distinct, as their transfer numbers and skiers derive from them.
+    fn spawn<'scope>(
+        &'scope self,
+        scope: &'scope std::thread::Scope<'scope, '_>,
+        bases: &'scope [String],
+        seed: u64,
+        stop: &'scope AtomicBool,
+    ) {
+        let count = self.ledger.len();
+        for (i, (transfers, rides)) in self.ledger.iter().zip(&self.ski).enumerate() {
+            let base = &bases[i * bases.len() / count];
+            scope.spawn(move || ledger::crash_client(base, i as u64 + 1, transfers, stop));
+            scope.spawn(move || ski::crash_client(base, seed, i as u32, rides, stop));
+        }
+    }
+
+    fn committed(&self) -> usize {
+        let committed = |c: &Mutex<ledger::Client>| {
+            let c = c.lock().unwrap();
+            c.acked.iter().filter(|t| t.1 == "COMMITTED").count()
+        };
+        self.ledger.iter().map(committed).sum()
+    }
+
+    fn rides(&self) -> usize {
+        self.ski.iter().map(|c| c.lock().unwrap().acked.len()).sum()
+    }
+
+    /// A ride whose client lost its node (or stopped) mid-request is retried with its key through
+    /// `base`, as a client that timed out would: it counts once whether or not it was applied.
+    fn retry_rides_in_flight(&self, base: &str) {
+        let agent = agent();
+        for state in &self.ski {
+            let mut state = state.lock().unwrap();
+            if let Some((key, ride)) = state.in_flight.take() {
+                let status = support::retry_while_moving(|| {
+                    let (url, body) = (ride.url(base), ride.body());
+                    support::post_raw(&agent, &url, Some("application/json"), Some(&key), &body)
+                        .expect("an answer")
+                })
+                .0;
+                assert_eq!(status, 201, "the retried ride");
+                state.acked.push(ride);
+            }
+        }
+    }
+
+    fn transfers(&self) -> Vec<ledger::AckedTransfer> {
+        self.ledger
+            .iter()
+            .flat_map(|c| c.lock().unwrap().acked.clone())
+            .collect()
+    }
+
+    fn all_rides(&self) -> Vec<ski::Ride> {
+        self.ski
+            .iter()
+            .flat_map(|c| c.lock().unwrap().acked.clone())
+            .collect()
+    }
+
+    /// Every acknowledged transfer exactly once (positions summing to zero), and every acknowledged
+    /// ride in `base`'s read model.
+    fn check(&self, base: &str, label: &str) {
+        let (transfers, rides) = (self.transfers(), self.all_rides());
+        ledger::check_transfers(base, &transfers, label);
+        let agent = agent();
+        ski::wait_for_model(&agent, base, rides.len() as u64);
+        ski::check_model(&agent, base, &rides);
+    }
+}
+
 /// The node-loss test. Three nodes run every app but payments, under load on every node: tally
 /// adds and transfers across partitions, ledger prepares and fulfils (whose steps cross partitions,
 /// so nodes), ski rides, and a fraud stream into node 1. Node 2 is killed with kill -9; the other two
@@ -490,46 +578,21 @@ fn mixed_load_survives_a_lost_node(cluster: &Cluster, seed: u64) {
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
     let mut push = push.spawn().expect("spawn spate fraud push");
-    // Two ledger and two ski clients per node; client ids are distinct, as their transfer numbers
-    // and skiers derive from them.
-    let ledger_clients: Vec<Mutex<ledger::Client>> = (0..6).map(|_| Mutex::default()).collect();
-    let ski_clients: Vec<Mutex<ski::Client>> = (0..6).map(|_| Mutex::default()).collect();
+    // Two ledger and two ski clients per node.
+    let clients = AppClients::new(6);
     let stop = AtomicBool::new(false);
-    let committed = || {
-        ledger_clients
-            .iter()
-            .map(|c| {
-                c.lock()
-                    .unwrap()
-                    .acked
-                    .iter()
-                    .filter(|t| t.1 == "COMMITTED")
-                    .count()
-            })
-            .sum::<usize>()
-    };
-    let rides = || {
-        ski_clients
-            .iter()
-            .map(|c| c.lock().unwrap().acked.len())
-            .sum::<usize>()
-    };
     std::thread::scope(|scope| {
-        for (i, (transfers, rides)) in ledger_clients.iter().zip(&ski_clients).enumerate() {
-            let (base, stop) = (&bases[i / 2], &stop);
-            scope.spawn(move || ledger::crash_client(base, i as u64 + 1, transfers, stop));
-            scope.spawn(move || ski::crash_client(base, seed, i as u32, rides, stop));
-        }
+        clients.spawn(scope, &bases, seed, &stop);
         let loaded = support::eventually(Duration::from_secs(60), || {
             tally.iter().map(Load::acknowledged).sum::<usize>() >= 60
-                && committed() >= 20
-                && rides() >= 60
+                && clients.committed() >= 20
+                && clients.rides() >= 60
         });
         assert!(
             loaded,
             "too little load acknowledged in 60 s: {} ledger commits, {} rides",
-            committed(),
-            rides()
+            clients.committed(),
+            clients.rides()
         );
         std::thread::sleep(Duration::from_millis(rng.random_range(0..1500)));
         nodes[1].take().unwrap().kill9();
@@ -545,9 +608,9 @@ fn mixed_load_survives_a_lost_node(cluster: &Cluster, seed: u64) {
         );
         assert_owners(&bases[0], &[1, 3], "after node 2 was killed");
         // The survivors' clients go on through the takeover.
-        let (committed_at_kill, rides_at_kill) = (committed(), rides());
+        let (committed_at_kill, rides_at_kill) = (clients.committed(), clients.rides());
         let went_on = support::eventually(Duration::from_secs(60), || {
-            committed() >= committed_at_kill + 10 && rides() >= rides_at_kill + 30
+            clients.committed() >= committed_at_kill + 10 && clients.rides() >= rides_at_kill + 30
         });
         assert!(went_on, "the ledger and ski loads stalled after the kill");
         stop.store(true, Ordering::Relaxed);
@@ -560,30 +623,8 @@ fn mixed_load_survives_a_lost_node(cluster: &Cluster, seed: u64) {
     assert!(output.status.success(), "the fraud stream failed");
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(report["records"], STREAM_RECORDS, "{report}");
-    // A ride whose client lost its node (or stopped) mid-request is retried with its key through a
-    // survivor, as a client that timed out would: it counts once whether or not it was applied.
-    for state in &ski_clients {
-        let mut state = state.lock().unwrap();
-        if let Some((key, ride)) = state.in_flight.take() {
-            let status = support::retry_while_moving(|| {
-                let url = ride.url(&bases[0]);
-                let body = ride.body();
-                support::post_raw(&agent, &url, Some("application/json"), Some(&key), &body)
-                    .expect("an answer")
-            })
-            .0;
-            assert_eq!(status, 201, "the retried ride");
-            state.acked.push(ride);
-        }
-    }
-    let transfers: Vec<_> = ledger_clients
-        .iter()
-        .flat_map(|c| c.lock().unwrap().acked.clone())
-        .collect();
-    let rides: Vec<_> = ski_clients
-        .iter()
-        .flat_map(|c| c.lock().unwrap().acked.clone())
-        .collect();
+    clients.retry_rides_in_flight(&bases[0]);
+    let (transfers, rides) = (clients.transfers(), clients.all_rides());
     let txns = generated(STREAM_CARDS, STREAM_RECORDS, 20);
     let mut per_card: HashMap<u64, usize> = HashMap::new();
     for txn in &txns {
@@ -605,9 +646,7 @@ fn mixed_load_survives_a_lost_node(cluster: &Cluster, seed: u64) {
     for i in [0, 2] {
         let label = format!("seed {seed}, mixed load, node {}", i + 1);
         check_exactly_once(&bases[i], &acked, &label);
-        ledger::check_transfers(&bases[i], &transfers, &label);
-        ski::wait_for_model(&agent, &bases[i], rides.len() as u64);
-        ski::check_model(&agent, &bases[i], &rides);
+        clients.check(&bases[i], &label);
         // Reads that span every partition, on a node that owns only some of them.
         let (status, stats) =
             support::retry_while_moving(|| get(&agent, &format!("{}/fraud/stats", bases[i])));
@@ -1009,44 +1048,68 @@ fn lost_process_and_lost_disk(cluster: &Cluster, seed: u64) {
     }
 }
 
-/// kill -9 of one broker under load: the node goes on (Kafka elects new leaders), nothing acknowledged
-/// is lost, and the longest wait for an acknowledgement is reported.
+/// kill -9 of one broker under tally, ledger and ski load: the node goes on (Kafka elects new leaders),
+/// nothing acknowledged is lost, and the longest wait for an acknowledgement is reported.
 fn lost_broker(cluster: &Cluster, seed: u64) {
-    let args = cluster.serve_args("broker-loss", "3", "tally");
+    let args = cluster.serve_args("broker-loss", "3", "tally,ledger,ski");
     let data = tempfile::tempdir().unwrap();
     let server = Server::start(data.path(), &args, None);
     warm_up(&server.base, WARM_UP_TAG);
-    let load = Load::start(&server.base, seed, 0);
-    assert!(
-        support::eventually(Duration::from_secs(60), || load.acknowledged() >= 60),
-        "fewer than 60 commands acknowledged in 60 s"
-    );
-    let killed_at = Instant::now();
-    cluster.kill_broker(1);
-    // Commands keep being acknowledged after the broker is gone.
     let agent = agent();
+    for fsp in ledger::FSPS {
+        ledger::create(&agent, &server.base, fsp, "100000000");
+    }
+    let load = Load::start(&server.base, seed, 0);
+    let clients = AppClients::new(2);
+    let bases = [server.base.clone()];
+    let stop = AtomicBool::new(false);
     let mut after_kill = 0;
     let mut stall = Duration::ZERO;
-    let mut last_ack = Instant::now();
-    while killed_at.elapsed() < Duration::from_secs(40) && after_kill < 20 {
-        let url = format!("{}/tally/accounts/{}/entries", server.base, account(0));
-        let tag = AFTER_BROKER_KILL_TAG + after_kill;
-        match post(
-            &agent,
-            &url,
-            Some(&format!("after-{tag}")),
-            &json!({"amount": 1, "tag": tag}),
-        ) {
-            Ok((201, _)) => {
-                stall = stall.max(last_ack.elapsed());
-                last_ack = Instant::now();
-                after_kill += 1;
+    std::thread::scope(|scope| {
+        clients.spawn(scope, &bases, seed, &stop);
+        let loaded = support::eventually(Duration::from_secs(60), || {
+            load.acknowledged() >= 60 && clients.committed() >= 5 && clients.rides() >= 20
+        });
+        assert!(
+            loaded,
+            "too little load in 60 s: {} tally commands, {} ledger commits, {} rides",
+            load.acknowledged(),
+            clients.committed(),
+            clients.rides()
+        );
+        let killed_at = Instant::now();
+        let (committed_at_kill, rides_at_kill) = (clients.committed(), clients.rides());
+        cluster.kill_broker(1);
+        // Commands keep being acknowledged after the broker is gone.
+        let mut last_ack = Instant::now();
+        while killed_at.elapsed() < Duration::from_secs(40) && after_kill < 20 {
+            let url = format!("{}/tally/accounts/{}/entries", server.base, account(0));
+            let tag = AFTER_BROKER_KILL_TAG + after_kill;
+            match post(
+                &agent,
+                &url,
+                Some(&format!("after-{tag}")),
+                &json!({"amount": 1, "tag": tag}),
+            ) {
+                Ok((201, _)) => {
+                    stall = stall.max(last_ack.elapsed());
+                    last_ack = Instant::now();
+                    after_kill += 1;
+                }
+                // Not yet durable (the client gave up waiting, or the retry found it in flight): retry.
+                Ok((409 | 503, _)) | Err(_) => std::thread::sleep(Duration::from_millis(100)),
+                Ok((status, body)) => panic!("add answered {status}: {body}"),
             }
-            // Not yet durable (the client gave up waiting, or the retry found it in flight): retry.
-            Ok((409 | 503, _)) | Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            Ok((status, body)) => panic!("add answered {status}: {body}"),
         }
-    }
+        let went_on = support::eventually(Duration::from_secs(40), || {
+            clients.committed() >= committed_at_kill + 5 && clients.rides() >= rides_at_kill + 10
+        });
+        stop.store(true, Ordering::Relaxed);
+        assert!(
+            went_on,
+            "the ledger and ski loads stalled after the broker died"
+        );
+    });
     let acked = load.finish();
     eprintln!(
         "broker kill -9: longest wait for an acknowledgement {} ms",
@@ -1065,7 +1128,10 @@ fn lost_broker(cluster: &Cluster, seed: u64) {
     // data directory rebuilds it.
     let fresh = tempfile::tempdir().unwrap();
     let server = Server::start(fresh.path(), &args, None);
-    check_exactly_once(&server.base, &acked, &format!("seed {seed}, broker loss"));
+    let label = format!("seed {seed}, broker loss");
+    check_exactly_once(&server.base, &acked, &label);
+    clients.retry_rides_in_flight(&server.base);
+    clients.check(&server.base, &label);
     let after: Vec<u64> = entries(&server.base)[&account(0)]
         .iter()
         .map(|&(tag, _)| tag)
