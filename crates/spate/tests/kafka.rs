@@ -111,6 +111,32 @@ impl Cluster {
     }
 }
 
+/// Where the spate nodes of a scenario keep their data and listen.
+struct NodePlaces {
+    dirs: Vec<tempfile::TempDir>,
+    listens: Vec<String>,
+}
+
+impl NodePlaces {
+    fn new(nodes: usize) -> Self {
+        Self {
+            dirs: (0..nodes).map(|_| tempfile::tempdir().unwrap()).collect(),
+            listens: (0..nodes)
+                .map(|_| format!("127.0.0.1:{}", free_port()))
+                .collect(),
+        }
+    }
+
+    /// Starts node `i` (id `i + 1`) of `cluster` with `args` (its topic, partitions, apps and keys).
+    fn start(&self, cluster: &Cluster, i: usize, args: &[&str]) -> Server {
+        let id = (i + 1).to_string();
+        let mut all = args.to_vec();
+        all.extend(cluster.node_args(&id));
+        all.extend(["--listen", &self.listens[i]]);
+        Server::start(self.dirs[i].path(), &all, None)
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = Command::new("bash")
@@ -227,17 +253,9 @@ fn kafka_cluster_keeps_every_acknowledged_command() {
 fn three_nodes_survive_pause_kill_lost_disk_and_restarts(cluster: &Cluster, seed: u64) {
     const PARTITIONS: &str = "4";
     let mut rng = StdRng::seed_from_u64(seed);
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let listens: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let start_node = |i: usize| {
-        let id = (i + 1).to_string();
-        let mut args = cluster.serve_args("nodes", PARTITIONS, "tally");
-        args.extend(cluster.node_args(&id));
-        args.extend(["--listen", &listens[i]]);
-        Server::start(dirs[i].path(), &args, None)
-    };
+    let places = NodePlaces::new(3);
+    let args = cluster.serve_args("nodes", PARTITIONS, "tally");
+    let start_node = |i: usize| places.start(cluster, i, &args);
     let mut nodes: Vec<Option<Server>> = (0..3).map(|i| Some(start_node(i))).collect();
     let base = |nodes: &[Option<Server>], i: usize| nodes[i].as_ref().unwrap().base.clone();
     let first = base(&nodes, 0);
@@ -275,7 +293,7 @@ fn three_nodes_survive_pause_kill_lost_disk_and_restarts(cluster: &Cluster, seed
     assert_owners(&first, &[1, 3], "after node 2 was killed");
 
     // Back with an empty data directory (a lost disk), under the same id.
-    std::fs::remove_dir_all(dirs[1].path()).unwrap();
+    std::fs::remove_dir_all(places.dirs[1].path()).unwrap();
     nodes[1] = Some(start_node(1));
     assert_owners(
         &first,
@@ -467,7 +485,7 @@ impl AppClients {
         for state in &self.ski {
             let mut state = state.lock().unwrap();
             if let Some((key, ride)) = state.in_flight.take() {
-                let status = support::retry_while_moving(|| {
+                let status = support::retry_with_key(|| {
                     let (url, body) = (ride.url(base), ride.body());
                     support::post_raw(&agent, &url, Some("application/json"), Some(&key), &body)
                         .expect("an answer")
@@ -515,22 +533,12 @@ fn mixed_load_survives_a_lost_node(cluster: &Cluster, seed: u64) {
     const STREAM_RECORDS: u64 = 20_000;
     const BOARDS: usize = 8;
     let mut rng = StdRng::seed_from_u64(seed);
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let places = NodePlaces::new(3);
     // Every node seals card data with the same key: each reads the others' records from Kafka.
-    let fraud_key = dirs[0].path().with_extension("shared-fraud-key");
-    let fraud_key = path(&fraud_key);
-    let listens: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let start_node = |i: usize| {
-        let id = (i + 1).to_string();
-        let mut args =
-            cluster.serve_args("mixed", PARTITIONS, "tally,ledger,ski,fraud,leaderboard");
-        args.extend(cluster.node_args(&id));
-        args.extend(["--listen", &listens[i]]);
-        args.extend(["--fraud-key-file", fraud_key]);
-        Server::start(dirs[i].path(), &args, None)
-    };
+    let fraud_key = places.dirs[0].path().with_extension("shared-fraud-key");
+    let mut args = cluster.serve_args("mixed", PARTITIONS, "tally,ledger,ski,fraud,leaderboard");
+    args.extend(["--fraud-key-file", path(&fraud_key)]);
+    let start_node = |i: usize| places.start(cluster, i, &args);
     let mut nodes: Vec<Option<Server>> = (0..3).map(|i| Some(start_node(i))).collect();
     let bases: Vec<String> = nodes
         .iter()
@@ -705,10 +713,16 @@ fn payments_client(
                     state.lock().unwrap().in_flight = None;
                     return Some(reply);
                 }
-                Ok((503, _)) if !stop.load(Ordering::Relaxed) => {
+                // A moving partition (503), a slow node (no answer in time) or the first try still
+                // being made durable (409; a key is only ever sent with its own body): the same
+                // request again, with its key.
+                Ok((409 | 503, _)) if !stop.load(Ordering::Relaxed) => {
                     std::thread::sleep(Duration::from_millis(50))
                 }
-                Ok((status, reply)) if status != 503 => panic!("{path} answered {status}: {reply}"),
+                Err(error) if support::timed_out(&error) && !stop.load(Ordering::Relaxed) => {}
+                Ok((status, reply)) if status != 409 && status != 503 => {
+                    panic!("{path} answered {status}: {reply}")
+                }
                 _ => return None,
             }
         }
@@ -780,18 +794,15 @@ fn payments_survive_a_lost_node(cluster: &Cluster, seed: u64) {
             && String::from_utf8_lossy(&again.stderr).contains("never replaced"),
         "a second new-keyring must not replace the cluster's keyring"
     );
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let listens: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let start_node = |i: usize| {
-        let id = (i + 1).to_string();
-        let mut args = cluster.serve_args("payments", PARTITIONS, "tally,payments");
-        args.extend(cluster.node_args(&id));
-        args.extend(["--listen", &listens[i], "--kek-file", path(&kek)]);
-        args.extend(["--payments-keyring-file", path(&keyring)]);
-        Server::start(dirs[i].path(), &args, None)
-    };
+    let places = NodePlaces::new(3);
+    let mut args = cluster.serve_args("payments", PARTITIONS, "tally,payments");
+    args.extend([
+        "--kek-file",
+        path(&kek),
+        "--payments-keyring-file",
+        path(&keyring),
+    ]);
+    let start_node = |i: usize| places.start(cluster, i, &args);
     let mut nodes: Vec<Option<Server>> = (0..3).map(|i| Some(start_node(i))).collect();
     let bases: Vec<String> = nodes
         .iter()
@@ -832,9 +843,8 @@ fn payments_survive_a_lost_node(cluster: &Cluster, seed: u64) {
             continue;
         };
         let url = format!("{}{path}", bases[0]);
-        let (status, reply) = support::retry_while_moving(|| {
-            post(&agent, &url, Some(&key), &body).expect("an answer")
-        });
+        let (status, reply) =
+            support::retry_with_key(|| post(&agent, &url, Some(&key), &body).expect("an answer"));
         assert_eq!(status, 200, "retried {path}: {reply}");
         match path.strip_suffix("/capture") {
             Some(payment) => {
@@ -898,26 +908,9 @@ fn payments_survive_a_lost_node(cluster: &Cluster, seed: u64) {
         "every capture settled once: {report}"
     );
     check_payments(&bases[2], true);
-    let keyring = spate_payments::keys::Keyring::load(
-        &keyring,
-        &spate_payments::keys::Kek::read_or_create(&kek).unwrap().0,
-    )
-    .unwrap();
-    let mut in_files: HashMap<String, u64> = HashMap::new();
-    for file in spate_payments::settle::files_under(&dirs[0].path().join("settlements")) {
-        let bytes = std::fs::read(&file).unwrap();
-        spate_payments::settle::verify(&bytes, &keyring)
-            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        for line in String::from_utf8(bytes)
-            .unwrap()
-            .lines()
-            .filter(|l| l.starts_with("D|"))
-        {
-            let fields: Vec<&str> = line.split('|').collect();
-            let previous = in_files.insert(fields[2].to_string(), fields[3].parse().unwrap());
-            assert!(previous.is_none(), "{} settled twice", fields[2]);
-        }
-    }
+    let kek = spate_payments::keys::Kek::read_or_create(&kek).unwrap().0;
+    let keyring = spate_payments::keys::Keyring::load(&keyring, &kek).unwrap();
+    let in_files = support::payments::settled(&places.dirs[0].path().join("settlements"), &keyring);
     for (id, (amount, captured)) in &payments {
         let capture = format!("cap_{}_1", &id[4..]);
         let expected = captured.then_some(*amount);
@@ -1107,7 +1100,10 @@ fn lost_broker(cluster: &Cluster, seed: u64) {
         stop.store(true, Ordering::Relaxed);
         assert!(
             went_on,
-            "the ledger and ski loads stalled after the broker died"
+            "the ledger and ski loads stalled after the broker died: {committed_at_kill} commits and \
+             {rides_at_kill} rides at the kill, {} and {} after it",
+            clients.committed(),
+            clients.rides()
         );
     });
     let acked = load.finish();

@@ -859,21 +859,7 @@ fn kill_9_under_a_mix_loses_nothing_and_settles_each_capture_once() {
     );
     // Every settled capture is in exactly one settlement record, with its amount; the files verify.
     let keyring = open_keyring(dir.path());
-    let mut in_files: HashMap<String, u64> = HashMap::new();
-    for file in spate_payments::settle::files_under(&dir.path().join("settlements")) {
-        let bytes = std::fs::read(&file).unwrap();
-        spate_payments::settle::verify(&bytes, &keyring)
-            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        for line in String::from_utf8(bytes)
-            .unwrap()
-            .lines()
-            .filter(|l| l.starts_with("D|"))
-        {
-            let fields: Vec<&str> = line.split('|').collect();
-            let previous = in_files.insert(fields[2].to_string(), fields[3].parse().unwrap());
-            assert!(previous.is_none(), "{} settled twice", fields[2]);
-        }
-    }
+    let in_files = support::payments::settled(&dir.path().join("settlements"), &keyring);
     for (capture, amount) in &succeeded {
         assert_eq!(
             in_files.get(capture),

@@ -2,7 +2,7 @@
 //! that prepare then fulfil transfers and record each acknowledged state, and the check that the
 //! ledger after a crash holds every acknowledged transfer in its state with positions summing to zero.
 
-use super::{agent, eventually, get, retry_while_moving, send};
+use super::{agent, eventually, get, retry_while_moving, send, timed_out};
 use base64::Engine as _;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -136,14 +136,18 @@ pub fn crash_client(base: &str, id: u64, state: &Mutex<Client>, stop: &AtomicBoo
         let dollars = 1 + (n * 7919) % 50;
         let amount = dollars.to_string();
         let cents = dollars as i64 * 100;
-        let Ok((status, body)) = send(
+        // No answer in time (a broker lost, say): the transfer is left as it is, maybe reserved, and
+        // the client goes on with the next. No answer at all: the server is gone.
+        let (status, body) = match send(
             &agent,
             "POST",
             &format!("{base}/transfers"),
             None,
             Some(&prepare_body(n, payer, payee, &amount, 600_000)),
-        ) else {
-            return;
+        ) {
+            Ok(answer) => answer,
+            Err(error) if timed_out(&error) => continue,
+            Err(_) => return,
         };
         if moving(status, &body) {
             continue;
@@ -155,8 +159,10 @@ pub fn crash_client(base: &str, id: u64, state: &Mutex<Client>, stop: &AtomicBoo
             .acked
             .push((n, "RESERVED", payer.into(), payee.into(), cents));
         let url = format!("{base}/transfers/{}", transfer_id(n));
-        let Ok((status, body)) = put_as(&agent, &url, payee, &fulfil_body(n)) else {
-            return;
+        let (status, body) = match put_as(&agent, &url, payee, &fulfil_body(n)) {
+            Ok(answer) => answer,
+            Err(error) if timed_out(&error) => continue,
+            Err(_) => return,
         };
         if moving(status, &body) {
             continue;

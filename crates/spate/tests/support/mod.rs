@@ -4,6 +4,7 @@
 
 pub mod fraud;
 pub mod ledger;
+pub mod payments;
 pub mod ski;
 pub mod tally;
 
@@ -146,6 +147,12 @@ pub fn agent() -> ureq::Agent {
         .into()
 }
 
+/// True when a request got no answer in the agent's time (the server is slow, not gone): a client
+/// that wants to go on retries or moves to its next request instead of stopping.
+pub fn timed_out(error: &ureq::Error) -> bool {
+    matches!(error, ureq::Error::Timeout(_))
+}
+
 /// POSTs JSON; `Err` only when no HTTP answer came (connection refused or reset).
 pub fn post(
     agent: &ureq::Agent,
@@ -265,6 +272,20 @@ pub fn retry_while_moving(mut request: impl FnMut() -> (u16, Value)) -> (u16, Va
             return (status, body);
         }
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// [`retry_while_moving`] for a request retried with its idempotency key, whose first try may still be
+/// being made durable: a 409 then means "in flight", and is retried too (the caller sends a key only
+/// with its own body, so a 409 means nothing else).
+pub fn retry_with_key(mut request: impl FnMut() -> (u16, Value)) -> (u16, Value) {
+    let deadline = Instant::now() + MOVING_WAIT;
+    loop {
+        let (status, body) = retry_while_moving(&mut request);
+        if status != 409 || Instant::now() > deadline {
+            return (status, body);
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

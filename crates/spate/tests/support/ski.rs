@@ -212,7 +212,12 @@ pub fn crash_client(base: &str, seed: u64, id: u32, state: &Mutex<Client>, stop:
                 &ride.body(),
             ) {
                 Ok((201, _)) => break,
+                // A moving partition, or a slow server: the same ride again, with its key. While the
+                // first try is still being made durable the key answers 409 (a key is only ever sent
+                // with its own ride, so a 409 means nothing else).
                 Ok((503, _)) => std::thread::sleep(Duration::from_millis(5)),
+                Ok((409, _)) => std::thread::sleep(Duration::from_millis(50)),
+                Err(error) if super::timed_out(&error) => {}
                 Ok((status, reply)) => panic!("ride answered {status}: {reply}"),
                 Err(_) => return,
             }
