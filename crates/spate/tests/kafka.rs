@@ -1248,15 +1248,18 @@ fn card_numbers_never_reach_kafka(cluster: &Cluster) {
 /// Unreachable brokers, a topic of another partition count and a topic with one replica are refused at
 /// start-up with a message that says what is wrong.
 fn bad_configuration_is_refused(cluster: &Cluster) {
-    cluster.topics(&[
-        "--create",
-        "--topic",
-        "one-replica",
-        "--partitions",
-        "2",
-        "--replication-factor",
-        "1",
-    ]);
+    for (topic, partitions, replicas) in [("one-replica", "2", "1"), ("three-partitions", "3", "3")]
+    {
+        cluster.topics(&[
+            "--create",
+            "--topic",
+            topic,
+            "--partitions",
+            partitions,
+            "--replication-factor",
+            replicas,
+        ]);
+    }
     let refused = |kafka: &str, topic: &str, partitions: &str, expected: &str| {
         let stderr = refused_start(&[
             "--apps",
@@ -1307,6 +1310,27 @@ fn bad_configuration_is_refused(cluster: &Cluster) {
         let stderr = refused_start(&args);
         assert!(stderr.contains(expected), "{secret:?}: {stderr}");
     }
+    // Scheduled settlement on every node of a cluster would settle at once on all of them.
+    let stderr = refused_start(&[
+        "--apps",
+        "payments",
+        "--listen",
+        "127.0.0.1:0",
+        "--kafka",
+        &cluster.bootstrap,
+        "--node-id",
+        "9",
+        "--cluster-secret-file",
+        path(&cluster.secret_file),
+        "--payments-keyring-file",
+        path(&short_secret),
+        "--payments-settle-every-secs",
+        "60",
+    ]);
+    assert!(
+        stderr.contains("--payments-settle-every-secs does not go with --node-id"),
+        "{stderr}"
+    );
     refused(
         "127.0.0.1:1",
         "crash",
@@ -1315,7 +1339,7 @@ fn bad_configuration_is_refused(cluster: &Cluster) {
     );
     refused(
         &cluster.bootstrap,
-        "crash",
+        "three-partitions",
         "2",
         "has 3 partitions, but the engine runs 2",
     );
