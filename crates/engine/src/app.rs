@@ -82,7 +82,7 @@ pub trait StateMachine: Any + Send {
     /// Answers a read that may come from another node (see `EngineHandle::read`): the query and the
     /// answer are the app's bytes, since a closure cannot travel. Apps whose reads each need only one
     /// partition have no use for it and keep this default, which answers nothing. A query may come from
-    /// anyone who can reach the node: an unknown one gets an empty answer, never a panic.
+    /// another node running another version: an unknown one gets an empty answer, never a panic.
     fn read(&self, _query: &[u8]) -> Vec<u8> {
         Vec::new()
     }
