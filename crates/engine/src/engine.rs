@@ -5,11 +5,13 @@ use crate::cluster::{Command, Peers, Remote};
 use crate::core::Core;
 use crate::idempotency::IdempotencyTable;
 use crate::journal::{FileLogStore, JournalConfig, Log, LogStore};
-use crate::metrics::{EngineMetrics, PartitionMetrics};
+use crate::metrics::{EngineMetrics, PartitionLabel, PartitionMetrics};
 use crate::partition::{self, Feed, Internal, Limits, PartitionShared, Request};
 use crate::projection::ProjectionRuntime;
 use crate::{AppId, CommandId, EngineError, Lsn, PartitionId, Reply, StartError};
 use crossbeam_channel::{Receiver, Sender, bounded};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::any::Any;
 use std::path::{Path, PathBuf};
@@ -126,6 +128,7 @@ struct Inner {
     internal: Vec<Receiver<Internal>>,
     shared: Vec<Arc<PartitionShared>>,
     metrics: Vec<PartitionMetrics>,
+    follow_lag: Family<PartitionLabel, Gauge<f64, AtomicU64>>,
     projections: Vec<ProjectionView>,
     starter: Starter,
 }
@@ -368,6 +371,7 @@ impl Engine {
             metrics: (0..partition_count)
                 .map(|partition| metrics.for_partition(partition))
                 .collect(),
+            follow_lag: metrics.follow_lag(),
             projections: views,
             starter: Starter {
                 logs,
@@ -794,6 +798,20 @@ impl EngineHandle {
         self.inner.shared[self.slot_index(partition)]
             .fed_lsn
             .load(Ordering::Acquire)
+    }
+
+    /// Records how far behind the end of `partition`'s shared log the reader for [`Self::follow`] is:
+    /// the age of the newest record it has read while it has not read to the end, zero once it has (or
+    /// once it stops following the partition). Metric `spate_follow_lag_seconds`; a partition this node
+    /// has never followed has none. The projections' own lag counts only what they were handed.
+    pub fn note_follow_lag(&self, partition: PartitionId, behind: Duration) {
+        let label = PartitionLabel {
+            partition: u32::from(partition),
+        };
+        self.inner
+            .follow_lag
+            .get_or_create(&label)
+            .set(behind.as_secs_f64());
     }
 
     /// Hands the projections durable records `first_lsn..first_lsn + record_count` (`frames`) of a

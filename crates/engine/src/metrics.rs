@@ -8,6 +8,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PartitionLabel {
@@ -45,6 +46,7 @@ pub(crate) struct EngineMetrics {
     snapshot_seconds: Family<PartitionLabel, Histogram, fn() -> Histogram>,
     queue_depth: Family<PartitionLabel, Gauge>,
     durable_lsn: Family<PartitionLabel, Gauge>,
+    follow_lag_seconds: Family<PartitionLabel, Gauge<f64, AtomicU64>>,
     projection_lag_records: Family<AppLabel, Gauge>,
     projection_journal_reads: Family<AppLabel, Counter>,
 }
@@ -76,6 +78,7 @@ impl EngineMetrics {
             snapshot_seconds: Family::new_with_constructor(new_snapshot_histogram),
             queue_depth: Family::default(),
             durable_lsn: Family::default(),
+            follow_lag_seconds: Family::default(),
             projection_lag_records: Family::default(),
             projection_journal_reads: Family::default(),
         };
@@ -131,6 +134,12 @@ impl EngineMetrics {
             metrics.durable_lsn.clone(),
         );
         r.register(
+            "follow_lag_seconds",
+            "For a partition another node applies: how far this node's reader of its log, which feeds \
+             the read models, is behind the log's end (the age of the newest record read; 0 at the end)",
+            metrics.follow_lag_seconds.clone(),
+        );
+        r.register(
             "projection_lag_records",
             "Durable records not yet applied to the app's projection, over all partitions",
             metrics.projection_lag_records.clone(),
@@ -159,6 +168,11 @@ impl EngineMetrics {
             queue_depth: self.queue_depth.get_or_create(&label).clone(),
             durable_lsn: self.durable_lsn.get_or_create(&label).clone(),
         }
+    }
+
+    /// Per partition, once this node has followed it: see [`crate::EngineHandle::note_follow_lag`].
+    pub fn follow_lag(&self) -> Family<PartitionLabel, Gauge<f64, AtomicU64>> {
+        self.follow_lag_seconds.clone()
     }
 
     pub fn projection_journal_reads(&self, app_name: &str) -> Counter {

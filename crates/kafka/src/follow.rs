@@ -12,10 +12,10 @@ use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use spate_engine::{EngineHandle, PartitionId};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// How often the follower compares what it follows with what the node applies.
 const RECONCILE_INTERVAL: Duration = Duration::from_millis(200);
@@ -34,6 +34,8 @@ pub(crate) fn run(
         }
     };
     let mut followed = BTreeSet::new();
+    // Per followed partition not read to its end: when the newest record read was written (unix ms).
+    let mut behind: BTreeMap<PartitionId, i64> = BTreeMap::new();
     let mut reconciled_at = Instant::now() - RECONCILE_INTERVAL;
     while !stop.load(Ordering::Acquire) {
         if reconciled_at.elapsed() >= RECONCILE_INTERVAL {
@@ -44,13 +46,28 @@ pub(crate) fn run(
                 .collect();
             if wanted != followed {
                 match assign(&consumer, config, indexes, engine, &followed, &wanted) {
-                    Ok(()) => followed = wanted,
+                    Ok(()) => {
+                        for &dropped in followed.difference(&wanted) {
+                            behind.remove(&dropped);
+                            engine.note_follow_lag(dropped, Duration::ZERO);
+                        }
+                        followed = wanted;
+                    }
                     Err(error) => tracing::warn!(%error, "cannot change the partitions followed"),
                 }
             }
+            for (&partition, &written_ms) in &behind {
+                engine.note_follow_lag(partition, age(written_ms));
+            }
         }
         match consumer.poll(RECONCILE_INTERVAL) {
-            None | Some(Err(KafkaError::PartitionEOF(_))) => {}
+            None => {}
+            Some(Err(KafkaError::PartitionEOF(partition))) => {
+                if let Ok(partition) = PartitionId::try_from(partition) {
+                    behind.remove(&partition);
+                    engine.note_follow_lag(partition, Duration::ZERO);
+                }
+            }
             Some(Err(error)) if log::is_transient(&error) => {
                 tracing::debug!(%error, "following interrupted; retrying")
             }
@@ -59,6 +76,9 @@ pub(crate) fn run(
                 let Ok(partition) = PartitionId::try_from(message.partition()) else {
                     continue;
                 };
+                if let Some(written_ms) = message.timestamp().to_millis() {
+                    behind.insert(partition, written_ms);
+                }
                 match RecordKey::decode(message.key()) {
                     Ok(key) => engine.follow(
                         partition,
@@ -109,4 +129,12 @@ fn assign(
         assignment.add_partition_offset(&config.topic, i32::from(partition), start)?;
     }
     consumer.assign(&assignment)
+}
+
+/// How long ago `written_ms` (unix ms, the writing node's clock) was.
+fn age(written_ms: i64) -> Duration {
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    Duration::from_millis(u64::try_from(now_ms - written_ms).unwrap_or(0))
 }

@@ -77,13 +77,7 @@ fn malformed_records_are_skipped_and_bad_frames_refused_while_the_stream_goes_on
     assert_eq!(socket.read_to_end(&mut rest).unwrap_or(0), 0);
 
     assert_eq!(stats(&server)["scored"], 5);
-    let metrics = agent()
-        .get(&format!("{}/metrics", server.base))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
+    let metrics = support::metrics_text(&agent(), &server.base);
     assert!(
         metrics.contains("spate_fraud_records_rejected_total{source=\"stream\"} 1"),
         "{metrics}"

@@ -136,13 +136,7 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
 
     let (status, health) = get(&agent, &format!("{base}/health"));
     assert_eq!((status, health["status"].as_str()), (200, Some("ok")));
-    let metrics = agent
-        .get(format!("{base}/metrics"))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
+    let metrics = support::metrics_text(&agent, base);
     for name in [
         "spate_commands_applied_total",
         "spate_journal_commit_seconds_bucket",

@@ -668,6 +668,7 @@ fn mixed_load_survives_a_lost_node(cluster: &Cluster, seed: u64) {
             .map(|b| b.iter().filter_map(|b| b["name"].as_str()).collect())
             .unwrap_or_default();
         assert_eq!(names, boards, "{label}: every board listed");
+        assert_followed_to_the_end(&agent, &bases[i], &label);
         // A card keeps its newest 32 transactions: below that, its history is all of them, once.
         for (card, count) in &per_card {
             let url = format!("{}/fraud/cards/{card:014}", bases[i]);
@@ -680,6 +681,25 @@ fn mixed_load_survives_a_lost_node(cluster: &Cluster, seed: u64) {
             );
         }
     }
+}
+
+/// Once the load has stopped, `base` has read to its end the log of every partition it follows for its
+/// read models: `spate_follow_lag_seconds` is 0 for each partition it has followed (and a node of
+/// three has followed some).
+fn assert_followed_to_the_end(agent: &ureq::Agent, base: &str, label: &str) {
+    let mut lags = Vec::new();
+    let caught_up = support::eventually(Duration::from_secs(30), || {
+        lags = support::metrics_text(agent, base)
+            .lines()
+            .filter(|line| line.starts_with("spate_follow_lag_seconds{"))
+            .map(str::to_string)
+            .collect();
+        !lags.is_empty()
+            && lags.iter().all(|line| {
+                line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) == Some(0.0)
+            })
+    });
+    assert!(caught_up, "{label}: follow lag per partition: {lags:?}");
 }
 
 /// What a payments client of [`payments_survive_a_lost_node`] was told.

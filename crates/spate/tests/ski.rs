@@ -597,11 +597,7 @@ fn a_projection_whose_feed_overflows_reads_the_journal_and_misses_nothing() {
     let agent = agent();
     wait_for_model(&agent, &server.base, rides.len() as u64);
     check_model(&agent, &server.base, &rides);
-    let mut metrics = agent
-        .get(format!("{}/metrics", server.base))
-        .call()
-        .unwrap();
-    let metrics = metrics.body_mut().read_to_string().unwrap();
+    let metrics = support::metrics_text(&agent, &server.base);
     let reads: u64 = metrics
         .lines()
         .find(|l| l.starts_with("spate_projection_journal_reads_total{app=\"ski\"}"))

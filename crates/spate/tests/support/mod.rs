@@ -257,6 +257,17 @@ pub fn get(agent: &ureq::Agent, url: &str) -> (u16, Value) {
     )
 }
 
+/// The server's `/metrics` page (Prometheus text).
+pub fn metrics_text(agent: &ureq::Agent, base: &str) -> String {
+    agent
+        .get(format!("{base}/metrics"))
+        .call()
+        .expect("GET /metrics answered")
+        .body_mut()
+        .read_to_string()
+        .expect("/metrics is text")
+}
+
 /// How long a check waits out `503 partition_moving` answers: a rebalance can start at any moment in a
 /// cluster (a slow heartbeat on a loaded machine is enough), and takeover takes up to about 10 s.
 pub const MOVING_WAIT: Duration = Duration::from_secs(60);
