@@ -2,13 +2,14 @@
 //! recording costs no lock and no label lookup on the hot path.
 
 use crate::PartitionId;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PartitionLabel {
@@ -18,6 +19,58 @@ pub struct PartitionLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AppLabel {
     pub app: String,
+}
+
+/// Why a partition could not apply for a while.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum PauseCause {
+    /// Writing a snapshot of the partition's state.
+    Snapshot,
+    /// The journal writer still held the previous batch when the partition's batch was full.
+    Journal,
+}
+
+impl EncodeLabelValue for PauseCause {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write;
+        encoder.write_str(match self {
+            Self::Snapshot => "snapshot",
+            Self::Journal => "journal",
+        })
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PauseLabel {
+    pub partition: u32,
+    pub cause: PauseCause,
+}
+
+fn new_pause_histogram() -> Histogram {
+    // Bounds chosen so that 10 ms, the pause budget, is one of them.
+    Histogram::new([
+        0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+        2.5, 5.0, 10.0, 25.0, 50.0, 100.0,
+    ])
+}
+
+/// One cause's pauses of one partition: every one in a histogram, and the longest as a gauge, since a
+/// histogram only bounds it.
+#[derive(Clone)]
+pub(crate) struct PauseMetric {
+    seconds: Histogram,
+    max_seconds: Gauge<f64, AtomicU64>,
+}
+
+impl PauseMetric {
+    /// Only the partition's thread records, so reading and raising the maximum need no compare-and-swap.
+    pub fn record(&self, pause: Duration) {
+        let seconds = pause.as_secs_f64();
+        self.seconds.observe(seconds);
+        if seconds > self.max_seconds.get() {
+            self.max_seconds.set(seconds);
+        }
+    }
 }
 
 fn new_fsync_histogram() -> Histogram {
@@ -44,6 +97,8 @@ pub(crate) struct EngineMetrics {
     journal_batch_records: Family<PartitionLabel, Histogram, fn() -> Histogram>,
     journal_failures: Family<PartitionLabel, Counter>,
     snapshot_seconds: Family<PartitionLabel, Histogram, fn() -> Histogram>,
+    apply_pause_seconds: Family<PauseLabel, Histogram, fn() -> Histogram>,
+    apply_pause_max_seconds: Family<PauseLabel, Gauge<f64, AtomicU64>>,
     queue_depth: Family<PartitionLabel, Gauge>,
     durable_lsn: Family<PartitionLabel, Gauge>,
     follow_lag_seconds: Family<PartitionLabel, Gauge<f64, AtomicU64>>,
@@ -61,6 +116,8 @@ pub(crate) struct PartitionMetrics {
     pub journal_batch_records: Histogram,
     pub journal_failures: Counter,
     pub snapshot_seconds: Histogram,
+    pub snapshot_pause: PauseMetric,
+    pub journal_pause: PauseMetric,
     pub queue_depth: Gauge,
     pub durable_lsn: Gauge,
 }
@@ -76,6 +133,8 @@ impl EngineMetrics {
             journal_batch_records: Family::new_with_constructor(new_batch_histogram),
             journal_failures: Family::default(),
             snapshot_seconds: Family::new_with_constructor(new_snapshot_histogram),
+            apply_pause_seconds: Family::new_with_constructor(new_pause_histogram),
+            apply_pause_max_seconds: Family::default(),
             queue_depth: Family::default(),
             durable_lsn: Family::default(),
             follow_lag_seconds: Family::default(),
@@ -120,8 +179,18 @@ impl EngineMetrics {
         );
         r.register(
             "snapshot_seconds",
-            "Time to write one partition snapshot, during which the partition applies nothing",
+            "Time to write one partition snapshot",
             metrics.snapshot_seconds.clone(),
+        );
+        r.register(
+            "apply_pause_seconds",
+            "Intervals in which a partition had work but could not apply it, by cause",
+            metrics.apply_pause_seconds.clone(),
+        );
+        r.register(
+            "apply_pause_max_seconds",
+            "The longest interval in which a partition had work but could not apply it, by cause",
+            metrics.apply_pause_max_seconds.clone(),
         );
         r.register(
             "queue_depth",
@@ -165,8 +234,21 @@ impl EngineMetrics {
             journal_batch_records: self.journal_batch_records.get_or_create(&label).clone(),
             journal_failures: self.journal_failures.get_or_create(&label).clone(),
             snapshot_seconds: self.snapshot_seconds.get_or_create(&label).clone(),
+            snapshot_pause: self.pause(partition, PauseCause::Snapshot),
+            journal_pause: self.pause(partition, PauseCause::Journal),
             queue_depth: self.queue_depth.get_or_create(&label).clone(),
             durable_lsn: self.durable_lsn.get_or_create(&label).clone(),
+        }
+    }
+
+    fn pause(&self, partition: PartitionId, cause: PauseCause) -> PauseMetric {
+        let label = PauseLabel {
+            partition: u32::from(partition),
+            cause,
+        };
+        PauseMetric {
+            seconds: self.apply_pause_seconds.get_or_create(&label).clone(),
+            max_seconds: self.apply_pause_max_seconds.get_or_create(&label).clone(),
         }
     }
 

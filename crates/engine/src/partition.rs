@@ -358,12 +358,22 @@ impl PartitionThread {
         std::mem::replace(&mut self.batch, next)
     }
 
+    /// Hands the batch to the writer, waiting (a pause, recorded) while it still holds the previous one.
     fn flush_batch(&mut self) {
-        if !self.batch.is_empty() {
-            let batch = self.take_batch();
-            self.writer
-                .send(ToWriter::Batch(batch))
-                .expect("the writer outlives its partition");
+        if self.batch.is_empty() {
+            return;
+        }
+        let batch = self.take_batch();
+        match self.writer.try_send(ToWriter::Batch(batch)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(batch)) => {
+                let started = Instant::now();
+                self.writer
+                    .send(batch)
+                    .expect("the writer outlives its partition");
+                self.metrics.journal_pause.record(started.elapsed());
+            }
+            Err(TrySendError::Disconnected(_)) => unreachable!("the writer outlives its partition"),
         }
     }
 
@@ -572,6 +582,7 @@ impl PartitionThread {
             .expect("the writer outlives its partition");
         let elapsed = started.elapsed();
         self.metrics.snapshot_seconds.observe(elapsed.as_secs_f64());
+        self.metrics.snapshot_pause.record(elapsed);
         tracing::info!(
             partition = self.core.partition,
             lsn,

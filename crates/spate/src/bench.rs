@@ -126,6 +126,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         };
         report += &section;
         report += "\n";
+        report += &take_longest_pause();
+        report += "\n";
         std::fs::write(args.out.join("REPORT.md"), &report)?;
     }
     println!("{report}");
@@ -152,17 +154,81 @@ impl Spawned {
 
     /// Kills the server with SIGKILL (no shutdown of any kind) and reaps it.
     pub fn kill9(mut self) -> anyhow::Result<()> {
+        self.record_longest_pause();
         self.child.kill().context("SIGKILL")?;
         self.child.wait().context("reaping the server")?;
         self.reaped = true;
         Ok(())
     }
+
+    /// Notes the server's longest apply pause (from its `/metrics`) for the report of the benchmark
+    /// running now: see [`take_longest_pause`]. A server that no longer answers adds nothing.
+    fn record_longest_pause(&self) {
+        let Ok(metrics) = ureq::get(format!("http://{}/metrics", self.http))
+            .call()
+            .and_then(|mut r| r.body_mut().read_to_string())
+        else {
+            return;
+        };
+        if let Some(pause) = longest_pause(&metrics) {
+            let mut longest = LONGEST_PAUSE.lock().expect("never poisoned");
+            if longest.as_ref().is_none_or(|l| pause.seconds > l.seconds) {
+                *longest = Some(pause);
+            }
+        }
+    }
+}
+
+/// The longest interval in which a partition could not apply, as `/metrics` gives it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pause {
+    pub seconds: f64,
+    pub cause: String,
+    pub partition: String,
+}
+
+/// The longest pause of the servers stopped since the last [`take_longest_pause`].
+static LONGEST_PAUSE: std::sync::Mutex<Option<Pause>> = std::sync::Mutex::new(None);
+
+/// The longest pause of the servers stopped since the last call, as a line for a benchmark's report.
+fn take_longest_pause() -> String {
+    match LONGEST_PAUSE.lock().expect("never poisoned").take() {
+        Some(pause) => format!(
+            "Longest apply pause of this benchmark's servers: **{:.1} ms** ({}, partition {}).\n",
+            pause.seconds * 1e3,
+            pause.cause,
+            pause.partition
+        ),
+        None => "Longest apply pause of this benchmark's servers: none recorded.\n".into(),
+    }
+}
+
+/// Parses the largest `spate_apply_pause_max_seconds{partition="P",cause="C"} S` line of a scrape.
+fn longest_pause(metrics: &str) -> Option<Pause> {
+    metrics
+        .lines()
+        .filter_map(|line| {
+            let labels = line.strip_prefix("spate_apply_pause_max_seconds{")?;
+            let (labels, value) = labels.split_once("} ")?;
+            let label = |name: &str| {
+                let start = labels.find(&format!("{name}=\""))? + name.len() + 2;
+                let end = start + labels[start..].find('"')?;
+                Some(labels[start..end].to_string())
+            };
+            Some(Pause {
+                seconds: value.trim().parse().ok()?,
+                cause: label("cause")?,
+                partition: label("partition")?,
+            })
+        })
+        .max_by(|a, b| a.seconds.total_cmp(&b.seconds))
 }
 
 impl Drop for Spawned {
     fn drop(&mut self) {
         // SIGTERM first so the server can stop cleanly; then make sure it is gone.
         if !self.reaped {
+            self.record_longest_pause();
             unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
             let _ = self.child.wait();
         }
@@ -486,4 +552,26 @@ fn markdown(report: &Value) -> String {
             .unwrap_or(0.0),
     );
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_pause_is_read_from_a_scrape() {
+        let scrape = "# HELP spate_apply_pause_max_seconds The longest ...\n\
+            spate_apply_pause_max_seconds{partition=\"0\",cause=\"snapshot\"} 0.25\n\
+            spate_apply_pause_max_seconds{partition=\"1\",cause=\"journal\"} 0.5\n\
+            spate_apply_pause_seconds_sum{partition=\"1\",cause=\"journal\"} 9.0\n";
+        assert_eq!(
+            longest_pause(scrape),
+            Some(Pause {
+                seconds: 0.5,
+                cause: "journal".into(),
+                partition: "1".into()
+            })
+        );
+        assert_eq!(longest_pause("spate_commands_applied_total 3\n"), None);
+    }
 }

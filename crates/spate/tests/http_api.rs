@@ -151,3 +151,47 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
         "SIGTERM shuts down cleanly with exit 0"
     );
 }
+
+/// Every snapshot is an interval in which its partition applies nothing: `/metrics` shows each one in
+/// `spate_apply_pause_seconds` and the longest in `spate_apply_pause_max_seconds`, by cause.
+#[test]
+fn snapshot_pauses_are_in_the_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
+        dir.path(),
+        &["--partitions", "2", "--snapshot-interval-records", "20"],
+        None,
+    );
+    let agent = agent();
+    let base = &server.base;
+    for i in 0..100 {
+        let url = format!("{base}/tally/accounts/a{i}/entries");
+        let (status, _) = post(&agent, &url, None, &json!({"amount": 1, "tag": i})).unwrap();
+        assert_eq!(status, 201);
+    }
+    let metrics = support::metrics_text(&agent, base);
+    let value = |prefix: &str| -> f64 {
+        metrics
+            .lines()
+            .filter_map(|line| {
+                line.strip_prefix(prefix)?
+                    .split_once("} ")?
+                    .1
+                    .parse::<f64>()
+                    .ok()
+            })
+            .sum()
+    };
+    let snapshots = value("spate_snapshot_seconds_count{");
+    let paused = value("spate_apply_pause_seconds_count{partition=\"0\",cause=\"snapshot\"")
+        + value("spate_apply_pause_seconds_count{partition=\"1\",cause=\"snapshot\"");
+    // 100 commands, a snapshot every 20 per partition: at least one per partition.
+    assert!(snapshots >= 2.0, "snapshots: {snapshots}\n{metrics}");
+    assert_eq!(paused, snapshots, "one snapshot pause per snapshot");
+    for partition in ["0", "1"] {
+        let longest = value(&format!(
+            "spate_apply_pause_max_seconds{{partition=\"{partition}\",cause=\"snapshot\""
+        ));
+        assert!(longest > 0.0, "partition {partition}: {longest}");
+    }
+}
