@@ -79,6 +79,27 @@ pub trait StateMachine: Any + Send {
     /// Writes the whole state; [`AppSpec::restore`] must read it back.
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()>;
 
+    /// Starts a snapshot. A state that writes its snapshot in steps returns true: from now on
+    /// [`Self::write_snapshot_step`] writes the state as it is at this moment, however apply changes it
+    /// between steps (see [`crate::SegmentedMap`]). The default returns false: the engine then writes
+    /// the whole state with [`Self::write_snapshot`] at once, and the partition applies nothing meanwhile.
+    fn begin_snapshot(&mut self) -> bool {
+        false
+    }
+
+    /// Called only after [`Self::begin_snapshot`] returned true: writes the next part of the snapshot,
+    /// about `bytes_budget` bytes, so that a step does not hold the partition up for long; true once it
+    /// is all written. [`AppSpec::restore`] must read the parts back as one. The default writes the whole
+    /// state.
+    fn write_snapshot_step(
+        &mut self,
+        out: &mut dyn io::Write,
+        _bytes_budget: usize,
+    ) -> io::Result<bool> {
+        self.write_snapshot(out)?;
+        Ok(true)
+    }
+
     /// Answers a read that may come from another node (see `EngineHandle::read`): the query and the
     /// answer are the app's bytes, since a closure cannot travel. Apps whose reads each need only one
     /// partition have no use for it and keep this default, which answers nothing. A query may come from

@@ -33,6 +33,9 @@ pub struct EngineConfig {
     /// Minimum time between two journal flushes of a partition; 0 flushes as soon as the writer is free.
     pub flush_interval: Duration,
     pub snapshot_interval_records: u64,
+    /// What one step of a snapshot writes, for apps that write theirs in steps (see
+    /// `StateMachine::begin_snapshot`): the partition applies nothing during a step.
+    pub snapshot_step_bytes: usize,
     pub idempotency_window_ms: u64,
     pub idempotency_entries_max: usize,
     /// Unacknowledged follow-ups per destination before a partition stops taking new client commands.
@@ -54,6 +57,8 @@ impl EngineConfig {
             batch_records_max: 16_384,
             flush_interval: Duration::ZERO,
             snapshot_interval_records: 1_000_000,
+            // About a millisecond of encoding.
+            snapshot_step_bytes: 1 << 20,
             idempotency_window_ms: 24 * 60 * 60 * 1000,
             idempotency_entries_max: 1_000_000,
             follow_ups_in_flight_max: 16_384,
@@ -346,6 +351,7 @@ impl Engine {
             batch_records_max: config.batch_records_max,
             flush_interval: config.flush_interval,
             snapshot_interval_records: config.snapshot_interval_records,
+            snapshot_step_bytes: config.snapshot_step_bytes,
             follow_ups_in_flight_max: config.follow_ups_in_flight_max,
             resend_interval,
         };

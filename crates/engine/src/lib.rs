@@ -13,6 +13,7 @@ mod partition;
 mod projection;
 pub mod record;
 mod recovery;
+pub mod segmented;
 pub mod snapshot;
 pub mod wire;
 
@@ -20,6 +21,7 @@ pub use app::{AppSpec, Command, Effects, NewState, Projection, RestoreState, Sta
 pub use engine::{Engine, EngineConfig, EngineHandle, Health, Pending, Refused};
 pub use journal::{Durability, FileLogStore, JournalConfig, LogStore, Lsn};
 pub use record::{Envelope, Origin};
+pub use segmented::{EntryCodec, SegmentedMap};
 
 use thiserror::Error;
 

@@ -11,11 +11,13 @@ use crate::core::{Admission, Core, FollowUp, Outgoing};
 use crate::journal::{JournalError, Log, Lsn};
 use crate::metrics::PartitionMetrics;
 use crate::record::{Envelope, Origin, begin_record, finish_record};
+use crate::snapshot::{SectionWriter, Unpublished};
 use crate::{AppId, CommandId, EngineError, PartitionId, Reply, app_bit};
 use crossbeam_channel::{Receiver, Select, Sender, TrySendError, bounded};
 use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
 use std::collections::VecDeque;
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -119,6 +121,7 @@ pub(crate) struct Limits {
     pub batch_records_max: usize,
     pub flush_interval: Duration,
     pub snapshot_interval_records: u64,
+    pub snapshot_step_bytes: usize,
     pub follow_ups_in_flight_max: usize,
     /// In a cluster, follow-ups that made no progress for this long are sent again (a message between
     /// nodes can be lost); `None` on a single node, where channels lose nothing.
@@ -127,6 +130,19 @@ pub(crate) struct Limits {
 
 /// Requests taken from the queues per wake-up before the batch is offered to the writer again.
 const DRAIN_MAX: usize = 4096;
+
+/// A snapshot of the partition as it was at `lsn`, being written in steps between batches.
+struct SnapshotInProgress {
+    lsn: Lsn,
+    out: SectionWriter<Unpublished>,
+    /// Indexes in `Core::apps` of the apps that write their state in steps, in the order written.
+    stepped: Vec<usize>,
+    /// The one in `stepped` being written.
+    next: usize,
+    /// The first write error; the apps' steps then go on into nothing, so that they end their snapshot.
+    failed: Option<String>,
+    started: Instant,
+}
 
 pub(crate) struct PartitionThread {
     pub core: Core,
@@ -146,6 +162,9 @@ pub(crate) struct PartitionThread {
     local: VecDeque<FollowUp>,
     rng: SmallRng,
     records_since_snapshot: u64,
+    snapshot: Option<SnapshotInProgress>,
+    /// The answer of the thread publishing the last snapshot written, until it came.
+    publishing: Option<Receiver<Result<(), String>>>,
     external_open: bool,
     /// When `resend_stalled` runs next.
     resend_due: Instant,
@@ -218,6 +237,8 @@ pub(crate) fn pair(
         local: VecDeque::new(),
         rng: SmallRng::from_os_rng(),
         records_since_snapshot: 0,
+        snapshot: None,
+        publishing: None,
         external_open: true,
         resend_due: Instant::now(),
         oldest_at_last_check: Vec::new(),
@@ -251,6 +272,7 @@ impl PartitionThread {
             if self.limits.resend_interval.is_some() && Instant::now() >= self.resend_due {
                 self.resend_stalled();
             }
+            self.snapshot_work();
             let accepting = self.external_open
                 && self.core.unacknowledged_max() < self.limits.follow_ups_in_flight_max;
             let mut select = Select::new();
@@ -270,6 +292,8 @@ impl PartitionThread {
             let wake_at = [
                 (!self.batch.is_empty() && writer_index.is_none()).then_some(hand_off_at),
                 self.limits.resend_interval.map(|_| self.resend_due),
+                // A snapshot being written goes on while the partition is idle.
+                self.snapshot.as_ref().map(|_| now),
             ]
             .into_iter()
             .flatten()
@@ -315,12 +339,35 @@ impl PartitionThread {
             {
                 self.flush_batch();
             }
-            if self.records_since_snapshot >= self.limits.snapshot_interval_records
-                && let Err(error) = self.snapshot()
-            {
+        }
+    }
+
+    /// Between batches: a step of the snapshot being written, or a new one if one is due and the last
+    /// one is published.
+    fn snapshot_work(&mut self) {
+        if let Some(publishing) = &self.publishing
+            && let Ok(published) = publishing.try_recv()
+        {
+            self.publishing = None;
+            if let Err(error) = published {
                 tracing::error!(partition = self.core.partition, %error, "snapshot failed");
             }
         }
+        let started = Instant::now();
+        if self.snapshot.is_some() {
+            self.step_snapshot();
+        } else if self.publishing.is_none()
+            && self.records_since_snapshot >= self.limits.snapshot_interval_records
+        {
+            // Counted from the attempt: one that fails is tried again an interval later.
+            self.records_since_snapshot = 0;
+            if let Err(error) = self.begin_snapshot() {
+                tracing::error!(partition = self.core.partition, %error, "snapshot failed");
+            }
+        } else {
+            return;
+        }
+        self.metrics.snapshot_pause.record(started.elapsed());
     }
 
     /// Takes what is already queued without blocking, internal messages first.
@@ -509,7 +556,7 @@ impl PartitionThread {
             }
             Internal::Ack { destination, seq } => self.core.acknowledge(destination, seq),
             Internal::Snapshot(done) => {
-                let _ = done.send(self.snapshot());
+                let _ = done.send(self.snapshot_now());
             }
             Internal::Shutdown(done) => return Some(done),
         }
@@ -548,53 +595,135 @@ impl PartitionThread {
             .map_err(|e| e.to_string())
     }
 
-    /// Writes a snapshot of the whole partition at the current LSN, then lets the journal drop what the
-    /// older of the two kept snapshots (and every projection checkpoint) no longer needs.
-    fn snapshot(&mut self) -> Result<(), String> {
-        // The snapshot must not contain effects that a crash could still take back.
-        let started = Instant::now();
-        self.barrier()?;
+    /// Starts a snapshot of the partition as it is now. The engine's bookkeeping and the apps that write
+    /// their state whole are written at once; the apps that write it in steps follow (`step_snapshot`)
+    /// while apply goes on. Sections are found by app id, so their order does not matter.
+    fn begin_snapshot(&mut self) -> Result<(), String> {
+        debug_assert!(self.snapshot.is_none() && self.publishing.is_none());
         let lsn = self.core.next_lsn;
-        let core = &self.core;
-        let path = crate::snapshot::write_atomically(
-            &self.snapshot_dir,
-            &crate::snapshot::file_name(lsn),
-            |out| crate::recovery::write_partition_snapshot(core, out),
-        )
-        .map_err(|e| e.to_string())?;
-        self.writer
-            .send(ToWriter::SnapshotWritten(lsn, path))
-            .expect("the writer outlives its partition");
-        self.records_since_snapshot = 0;
-        let kept = crate::snapshot::list(&self.snapshot_dir).map_err(|e| e.to_string())?;
-        for (_, path) in kept.iter().skip(2) {
-            std::fs::remove_file(path).map_err(|e| format!("removing {}: {e}", path.display()))?;
+        let (mut out, _) =
+            Unpublished::create_snapshot(&self.snapshot_dir, lsn).map_err(|e| e.to_string())?;
+        let mut failed = crate::recovery::write_partition_header(&self.core, &mut out).err();
+        let mut stepped = Vec::new();
+        for (index, (app, state)) in self.core.apps.iter_mut().enumerate() {
+            // Every app begins, even after a write error: its steps then go into nothing.
+            if state.begin_snapshot() {
+                stepped.push(index);
+            } else if failed.is_none() {
+                failed = out
+                    .write_all(&[*app])
+                    .and_then(|()| state.write_snapshot(&mut out))
+                    .and_then(|()| out.end_section())
+                    .err();
+            }
         }
-        // Until two snapshots exist, keep the whole journal: the only fallback for a damaged snapshot.
-        let oldest_kept = if kept.len() >= 2 { kept[1].0 } else { 0 };
-        let floor = self
-            .projection_floors
-            .iter()
-            .map(|f| f.load(Ordering::Acquire))
-            .fold(oldest_kept, Lsn::min);
-        self.writer
-            .send(ToWriter::ReleaseBefore(floor))
-            .expect("the writer outlives its partition");
-        let elapsed = started.elapsed();
-        self.metrics.snapshot_seconds.observe(elapsed.as_secs_f64());
-        self.metrics.snapshot_pause.record(elapsed);
-        tracing::info!(
-            partition = self.core.partition,
+        let first_app = stepped.first().map(|&index| self.core.apps[index].0);
+        if failed.is_none() {
+            failed = write_app_id(first_app, &mut out).err();
+        }
+        self.records_since_snapshot = 0;
+        self.snapshot = Some(SnapshotInProgress {
             lsn,
-            release_before = floor,
-            elapsed_ms = elapsed.as_millis() as u64,
-            "snapshot written"
-        );
+            out,
+            stepped,
+            next: 0,
+            failed: failed.map(|e| format!("writing a snapshot: {e}")),
+            started: Instant::now(),
+        });
+        if first_app.is_none() {
+            self.publish_snapshot();
+        }
         Ok(())
     }
 
+    /// Writes the next part of the snapshot in progress; once it is whole, publishes it.
+    fn step_snapshot(&mut self) {
+        let snapshot = self.snapshot.as_mut().expect("a snapshot is in progress");
+        let next_app = (snapshot.stepped.get(snapshot.next + 1)).map(|&i| self.core.apps[i].0);
+        let state = &mut self.core.apps[snapshot.stepped[snapshot.next]].1;
+        let step = match snapshot.failed {
+            None => state
+                .write_snapshot_step(&mut snapshot.out, self.limits.snapshot_step_bytes)
+                .and_then(|done| {
+                    if done {
+                        snapshot.out.end_section()?;
+                        write_app_id(next_app, &mut snapshot.out)?;
+                    }
+                    Ok(done)
+                }),
+            Some(_) => {
+                state.write_snapshot_step(&mut std::io::sink(), self.limits.snapshot_step_bytes)
+            }
+        };
+        let done = step.unwrap_or_else(|error| {
+            snapshot.failed = Some(format!("writing a snapshot: {error}"));
+            false
+        });
+        if done {
+            snapshot.next += 1;
+            if snapshot.next == snapshot.stepped.len() {
+                self.publish_snapshot();
+            }
+        }
+    }
+
+    /// Hands the whole snapshot to a thread of its own, which publishes it (see [`publish_snapshot`]).
+    fn publish_snapshot(&mut self) {
+        let snapshot = self.snapshot.take().expect("a snapshot is in progress");
+        let (answer, publishing) = bounded(1);
+        self.publishing = Some(publishing);
+        if let Some(error) = snapshot.failed {
+            let _ = answer.send(Err(error));
+            return;
+        }
+        let publish = Publish {
+            partition: self.core.partition,
+            lsn: snapshot.lsn,
+            out: snapshot.out.into_inner(),
+            started: snapshot.started,
+            shared: self.shared.clone(),
+            writer: self.writer.clone(),
+            snapshot_dir: self.snapshot_dir.clone(),
+            projection_floors: self.projection_floors.clone(),
+            metrics: self.metrics.clone(),
+        };
+        let spawned = std::thread::Builder::new()
+            .name(format!("p{}-snapshot", self.core.partition))
+            .spawn(move || {
+                let _ = answer.send(publish_snapshot(publish));
+            });
+        if let Err(error) = spawned {
+            self.publishing = None;
+            tracing::error!(partition = self.core.partition, %error, "could not start publishing a snapshot");
+        }
+    }
+
+    /// Writes a snapshot of the partition as it is now and waits until it is published; first ends the
+    /// one in progress, if any.
+    fn snapshot_now(&mut self) -> Result<(), String> {
+        let finish = |this: &mut Self| -> Result<(), String> {
+            while this.snapshot.is_some() {
+                this.step_snapshot();
+            }
+            // The snapshot is published once what it holds is durable.
+            this.barrier()?;
+            match this.publishing.take() {
+                Some(publishing) => publishing
+                    .recv()
+                    .map_err(|_| "the snapshot publisher stopped".to_string())?,
+                None => Ok(()),
+            }
+        };
+        let earlier = finish(self);
+        let started = Instant::now();
+        self.begin_snapshot()?;
+        let now = finish(self);
+        self.metrics.snapshot_pause.record(started.elapsed());
+        earlier.and(now)
+    }
+
     fn stop(mut self) -> Result<(), String> {
-        let snapshot = self.snapshot();
+        let snapshot = self.snapshot_now();
         let (done_tx, done_rx) = bounded(1);
         self.writer
             .send(ToWriter::Stop(done_tx))
@@ -605,6 +734,78 @@ impl PartitionThread {
             .map_err(|e| e.to_string());
         snapshot.and(synced)
     }
+}
+
+/// Starts an app's section of a snapshot, if there is an app to write.
+fn write_app_id(app: Option<AppId>, out: &mut impl Write) -> std::io::Result<()> {
+    match app {
+        Some(app) => out.write_all(&[app]),
+        None => Ok(()),
+    }
+}
+
+/// What the thread publishing a written snapshot needs.
+struct Publish {
+    partition: PartitionId,
+    lsn: Lsn,
+    out: Unpublished,
+    started: Instant,
+    shared: Arc<PartitionShared>,
+    writer: Sender<ToWriter>,
+    snapshot_dir: PathBuf,
+    projection_floors: Vec<Arc<AtomicU64>>,
+    metrics: PartitionMetrics,
+}
+
+/// Publishes a snapshot once everything it holds is durable (a snapshot must not hold effects that a
+/// crash could still take back), then lets the journal drop what the older of the two kept snapshots
+/// (and every projection checkpoint) no longer needs.
+fn publish_snapshot(publish: Publish) -> Result<(), String> {
+    let Publish {
+        partition,
+        lsn,
+        out,
+        started,
+        shared,
+        writer,
+        snapshot_dir,
+        projection_floors,
+        metrics,
+    } = publish;
+    while shared.durable_lsn.load(Ordering::Acquire) < lsn {
+        if shared.failed.load(Ordering::Acquire) {
+            return Err("the journal failed before the snapshot's records were durable".into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let path = out.publish().map_err(|e| e.to_string())?;
+    let stopped = || "the journal writer stopped".to_string();
+    writer
+        .send(ToWriter::SnapshotWritten(lsn, path))
+        .map_err(|_| stopped())?;
+    let kept = crate::snapshot::list(&snapshot_dir).map_err(|e| e.to_string())?;
+    for (_, path) in kept.iter().skip(2) {
+        std::fs::remove_file(path).map_err(|e| format!("removing {}: {e}", path.display()))?;
+    }
+    // Until two snapshots exist, keep the whole journal: the only fallback for a damaged snapshot.
+    let oldest_kept = if kept.len() >= 2 { kept[1].0 } else { 0 };
+    let floor = projection_floors
+        .iter()
+        .map(|f| f.load(Ordering::Acquire))
+        .fold(oldest_kept, Lsn::min);
+    writer
+        .send(ToWriter::ReleaseBefore(floor))
+        .map_err(|_| stopped())?;
+    let elapsed = started.elapsed();
+    metrics.snapshot_seconds.observe(elapsed.as_secs_f64());
+    tracing::info!(
+        partition,
+        lsn,
+        release_before = floor,
+        elapsed_ms = elapsed.as_millis() as u64,
+        "snapshot written"
+    );
+    Ok(())
 }
 
 impl WriterThread {

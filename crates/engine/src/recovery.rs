@@ -11,7 +11,9 @@ use crate::{AppId, PartitionId, StartError};
 use std::io::{self, Read, Write};
 use std::path::Path;
 
-pub(crate) fn write_partition_snapshot(
+/// The sections of a partition snapshot before the apps': then each app's, as its id and its state
+/// (written in steps by the partition thread, see `PartitionThread::step_snapshot`).
+pub(crate) fn write_partition_header(
     core: &Core,
     out: &mut snapshot::SectionWriter<impl Write>,
 ) -> io::Result<()> {
@@ -20,13 +22,7 @@ pub(crate) fn write_partition_snapshot(
     out.write_u32_le(core.apps.len() as u32)?;
     out.end_section()?;
     core.write_bookkeeping(out)?;
-    out.end_section()?;
-    for (app, state) in &core.apps {
-        out.write_u8_le(*app)?;
-        state.write_snapshot(out)?;
-        out.end_section()?;
-    }
-    Ok(())
+    out.end_section()
 }
 
 fn read_partition_snapshot(

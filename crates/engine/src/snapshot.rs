@@ -105,11 +105,15 @@ pub fn write_atomically(
 ) -> Result<PathBuf, JournalError> {
     write_file_atomically(dir, name, |file| {
         let mut out = SectionWriter::new(file);
-        out.write_all(MAGIC)?;
-        out.write_all(&VERSION.to_le_bytes())?;
-        out.end_section()?;
+        write_header(&mut out)?;
         write(&mut out)
     })
+}
+
+fn write_header(out: &mut SectionWriter<impl Write>) -> io::Result<()> {
+    out.write_all(MAGIC)?;
+    out.write_all(&VERSION.to_le_bytes())?;
+    out.end_section()
 }
 
 /// Installs in `dir` a copy of the snapshot file of LSN `lsn` made elsewhere (a replicated store's):
@@ -130,20 +134,77 @@ fn write_file_atomically(
     name: &str,
     write: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>,
 ) -> Result<PathBuf, JournalError> {
-    fs::create_dir_all(dir).map_err(io_error(dir))?;
-    let path = dir.join(name);
-    let temporary = dir.join(format!("{name}.tmp"));
-    let file = File::create(&temporary).map_err(io_error(&temporary))?;
-    let mut out = BufWriter::with_capacity(1 << 20, file);
-    let written = (|| {
-        write(&mut out)?;
-        let file = out.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()
-    })();
-    written.map_err(io_error(&temporary))?;
-    fs::rename(&temporary, &path).map_err(io_error(&path))?;
-    crate::journal::sync_dir(dir)?;
-    Ok(path)
+    let mut pending = Unpublished::create(dir, name)?;
+    write(&mut pending.out).map_err(io_error(&pending.temporary))?;
+    pending.publish()
+}
+
+/// A file being written under a temporary name, invisible to [`list`] (which removes it after a crash)
+/// until [`Unpublished::publish`] renames it into place.
+pub struct Unpublished {
+    pub out: BufWriter<File>,
+    temporary: PathBuf,
+    path: PathBuf,
+    dir: PathBuf,
+}
+
+impl Unpublished {
+    pub fn create(dir: &Path, name: &str) -> Result<Self, JournalError> {
+        fs::create_dir_all(dir).map_err(io_error(dir))?;
+        let temporary = dir.join(format!("{name}.tmp"));
+        let file = File::create(&temporary).map_err(io_error(&temporary))?;
+        Ok(Self {
+            out: BufWriter::with_capacity(1 << 20, file),
+            temporary,
+            path: dir.join(name),
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// A snapshot file: its header section is written, the caller's sections follow.
+    pub fn create_snapshot(
+        dir: &Path,
+        lsn: Lsn,
+    ) -> Result<(SectionWriter<Self>, PathBuf), JournalError> {
+        let pending = Self::create(dir, &file_name(lsn))?;
+        let temporary = pending.temporary.clone();
+        let mut out = SectionWriter::new(pending);
+        write_header(&mut out).map_err(io_error(&temporary))?;
+        Ok((out, temporary))
+    }
+
+    /// Flushes and fsyncs the file, renames it into place and fsyncs the directory.
+    pub fn publish(self) -> Result<PathBuf, JournalError> {
+        let Self {
+            out,
+            temporary,
+            path,
+            dir,
+        } = self;
+        let synced = out
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .and_then(|file| file.sync_all());
+        synced.map_err(io_error(&temporary))?;
+        fs::rename(&temporary, &path).map_err(io_error(&path))?;
+        crate::journal::sync_dir(&dir)?;
+        Ok(path)
+    }
+}
+
+impl Write for Unpublished {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.out.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}
+
+impl<W: Write> SectionWriter<W> {
+    pub fn into_inner(self) -> W {
+        self.inner
+    }
 }
 
 /// Opens a snapshot file and checks its header; the caller parses the sections.

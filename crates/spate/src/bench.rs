@@ -162,13 +162,17 @@ impl Spawned {
     }
 
     /// Notes the server's longest apply pause (from its `/metrics`) for the report of the benchmark
-    /// running now: see [`take_longest_pause`]. A server that no longer answers adds nothing.
+    /// running now: see [`take_longest_pause`]. A server that does not answer adds nothing; it is said.
     fn record_longest_pause(&self) {
-        let Ok(metrics) = ureq::get(format!("http://{}/metrics", self.http))
+        let metrics = match ureq::get(format!("{}/metrics", self.http))
             .call()
             .and_then(|mut r| r.body_mut().read_to_string())
-        else {
-            return;
+        {
+            Ok(metrics) => metrics,
+            Err(error) => {
+                eprintln!("could not read the server's pauses from its /metrics: {error}");
+                return;
+            }
         };
         if let Some(pause) = longest_pause(&metrics) {
             let mut longest = LONGEST_PAUSE.lock().expect("never poisoned");

@@ -63,6 +63,10 @@ pub struct ServeArgs {
     /// Records applied between two snapshots of a partition [default: 1000000]
     #[arg(long, env = "SPATE_SNAPSHOT_INTERVAL_RECORDS")]
     snapshot_interval_records: Option<u64>,
+    /// Bytes one step of a snapshot writes, for apps that snapshot in steps while they apply (tally);
+    /// a partition applies nothing during a step [default: 1048576]
+    #[arg(long, env = "SPATE_SNAPSHOT_STEP_BYTES")]
+    snapshot_step_bytes: Option<usize>,
     /// Records a projection applies between two checkpoints of its read model [default: 1000000]
     #[arg(long, env = "SPATE_PROJECTION_CHECKPOINT_INTERVAL_RECORDS")]
     projection_checkpoint_interval_records: Option<u64>,
@@ -266,6 +270,7 @@ impl ServeArgs {
                 segment_bytes,
                 flush_interval_us,
                 snapshot_interval_records,
+                snapshot_step_bytes,
                 projection_checkpoint_interval_records,
                 projection_feed_batches,
                 queue_capacity,
@@ -378,6 +383,9 @@ impl ServeArgs {
         }
         if let Some(records) = self.snapshot_interval_records {
             engine.snapshot_interval_records = records.max(1);
+        }
+        if let Some(bytes) = self.snapshot_step_bytes {
+            engine.snapshot_step_bytes = bytes.max(1);
         }
         if let Some(records) = self.projection_checkpoint_interval_records {
             engine.projection_checkpoint_interval_records = records.max(1);

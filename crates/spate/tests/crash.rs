@@ -13,13 +13,16 @@ use support::tally::{Load, check_exactly_once};
 
 fn run_seed(seed: u64) {
     let dir = tempfile::tempdir().unwrap();
-    // Small segments and frequent snapshots, so that recovery exercises snapshot + replay + segment release.
+    // Small segments and frequent snapshots, so that recovery exercises snapshot + replay + segment release;
+    // tiny snapshot steps, so that commands are applied between the steps of every snapshot.
     // One partition in every other run: then every transfer's credit is a follow-up the partition sends
     // itself and applies at once, in the same group commit as its debit.
     let partitions = if seed.is_multiple_of(2) { "1" } else { "3" };
     let args = [
         "--snapshot-interval-records",
         "300",
+        "--snapshot-step-bytes",
+        "64",
         "--segment-bytes",
         "65536",
         "--partitions",

@@ -152,8 +152,9 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
     );
 }
 
-/// Every snapshot is an interval in which its partition applies nothing: `/metrics` shows each one in
-/// `spate_apply_pause_seconds` and the longest in `spate_apply_pause_max_seconds`, by cause.
+/// A snapshot's start and each of its steps are intervals in which the partition applies nothing:
+/// `/metrics` shows each in `spate_apply_pause_seconds` and the longest in
+/// `spate_apply_pause_max_seconds`, by cause.
 #[test]
 fn snapshot_pauses_are_in_the_metrics() {
     let dir = tempfile::tempdir().unwrap();
@@ -185,9 +186,13 @@ fn snapshot_pauses_are_in_the_metrics() {
     let snapshots = value("spate_snapshot_seconds_count{");
     let paused = value("spate_apply_pause_seconds_count{partition=\"0\",cause=\"snapshot\"")
         + value("spate_apply_pause_seconds_count{partition=\"1\",cause=\"snapshot\"");
-    // 100 commands, a snapshot every 20 per partition: at least one per partition.
+    // 100 commands, a snapshot every 20 per partition: at least one per partition, each begun and
+    // written in one step or more, each a pause.
     assert!(snapshots >= 2.0, "snapshots: {snapshots}\n{metrics}");
-    assert_eq!(paused, snapshots, "one snapshot pause per snapshot");
+    assert!(
+        paused >= 2.0 * snapshots,
+        "{paused} pauses for {snapshots} snapshots"
+    );
     for partition in ["0", "1"] {
         let longest = value(&format!(
             "spate_apply_pause_max_seconds{{partition=\"{partition}\",cause=\"snapshot\""

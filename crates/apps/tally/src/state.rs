@@ -2,8 +2,9 @@
 
 use crate::command::{Command, Outcome, decode_entry_event, encode_entry_event};
 use spate_engine::wire::{ReadLe, WriteLe};
-use spate_engine::{Effects, Lsn, Origin, PartitionId, Projection, StateMachine};
-use std::collections::HashMap;
+use spate_engine::{
+    Effects, EntryCodec, Lsn, Origin, PartitionId, Projection, SegmentedMap, StateMachine,
+};
 use std::io;
 use std::sync::{Arc, RwLock};
 
@@ -14,9 +15,50 @@ pub struct Account {
     pub entries: Vec<(u64, i64)>,
 }
 
-#[derive(Debug, Default)]
+/// Accounts are snapshotted in steps, a segment at a time, while apply goes on.
+type Accounts = SegmentedMap<String, Account, AccountCodec>;
+
+/// Segments of the accounts map: a step's pause is bounded by one segment's accounts.
+const ACCOUNT_SEGMENTS: usize = 1024;
+
+#[derive(Debug)]
 pub struct TallyState {
-    accounts: HashMap<String, Account>,
+    accounts: Accounts,
+}
+
+impl Default for TallyState {
+    fn default() -> Self {
+        Self {
+            accounts: Accounts::new(ACCOUNT_SEGMENTS),
+        }
+    }
+}
+
+pub struct AccountCodec;
+
+impl EntryCodec<String, Account> for AccountCodec {
+    fn write(name: &String, account: &Account, out: &mut dyn io::Write) -> io::Result<()> {
+        out.write_bytes_le(name.as_bytes())?;
+        out.write_i128_le(account.balance)?;
+        out.write_u64_le(account.entries.len() as u64)?;
+        for (tag, amount) in &account.entries {
+            out.write_u64_le(*tag)?;
+            out.write_u64_le(*amount as u64)?;
+        }
+        Ok(())
+    }
+
+    fn read(input: &mut dyn io::Read) -> io::Result<(String, Account)> {
+        let name = String::from_utf8(input.read_bytes_le(crate::command::ACCOUNT_BYTES_MAX)?)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let balance = input.read_i128_le()?;
+        let entry_count = input.read_u64_le()?;
+        let mut entries = Vec::new();
+        for _ in 0..entry_count {
+            entries.push((input.read_u64_le()?, input.read_u64_le()? as i64));
+        }
+        Ok((name, Account { balance, entries }))
+    }
 }
 
 impl TallyState {
@@ -25,7 +67,9 @@ impl TallyState {
     }
 
     fn book(&mut self, account: &str, amount: i64, tag: u64, effects: &mut Effects<'_>) -> i128 {
-        let entry = self.accounts.entry(account.to_string()).or_default();
+        let entry = self
+            .accounts
+            .get_or_insert_with(account.to_string(), Account::default);
         entry.balance += i128::from(amount);
         entry.entries.push((tag, amount));
         effects.emit(&encode_entry_event(amount));
@@ -33,20 +77,9 @@ impl TallyState {
     }
 
     pub fn restore(input: &mut dyn io::Read) -> io::Result<Self> {
-        let count = input.read_u64_le()?;
-        let mut accounts = HashMap::new();
-        for _ in 0..count {
-            let name = String::from_utf8(input.read_bytes_le(crate::command::ACCOUNT_BYTES_MAX)?)
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-            let balance = input.read_i128_le()?;
-            let entry_count = input.read_u64_le()?;
-            let mut entries = Vec::new();
-            for _ in 0..entry_count {
-                entries.push((input.read_u64_le()?, input.read_u64_le()? as i64));
-            }
-            accounts.insert(name, Account { balance, entries });
-        }
-        Ok(Self { accounts })
+        Ok(Self {
+            accounts: Accounts::read(input, ACCOUNT_SEGMENTS)?,
+        })
     }
 }
 
@@ -69,7 +102,7 @@ impl StateMachine for TallyState {
                 amount,
                 tag,
             }) => {
-                let balance = self.accounts.get(&from).map_or(0, |a| a.balance);
+                let balance = self.accounts.get(from.as_str()).map_or(0, |a| a.balance);
                 if balance < i128::from(amount) {
                     Outcome::InsufficientFunds { balance }
                 } else {
@@ -100,21 +133,20 @@ impl StateMachine for TallyState {
     }
 
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
-        // Sorted, so equal states write equal bytes.
-        let mut names: Vec<&String> = self.accounts.keys().collect();
-        names.sort();
-        out.write_u64_le(names.len() as u64)?;
-        for name in names {
-            let account = &self.accounts[name];
-            out.write_bytes_le(name.as_bytes())?;
-            out.write_i128_le(account.balance)?;
-            out.write_u64_le(account.entries.len() as u64)?;
-            for (tag, amount) in &account.entries {
-                out.write_u64_le(*tag)?;
-                out.write_u64_le(*amount as u64)?;
-            }
-        }
-        Ok(())
+        self.accounts.write_all(out)
+    }
+
+    fn begin_snapshot(&mut self) -> bool {
+        self.accounts.begin_snapshot();
+        true
+    }
+
+    fn write_snapshot_step(
+        &mut self,
+        out: &mut dyn io::Write,
+        bytes_budget: usize,
+    ) -> io::Result<bool> {
+        self.accounts.snapshot_step(out, bytes_budget)
     }
 }
 
