@@ -240,11 +240,11 @@ impl Core {
         &self.reply
     }
 
-    /// Writes the engine's bookkeeping (not the apps): one snapshot section.
+    /// Writes the engine's bookkeeping but the idempotency table (see [`Self::idempotency`]): one
+    /// snapshot section.
     pub fn write_bookkeeping(&self, out: &mut dyn io::Write) -> io::Result<()> {
         out.write_u64_le(self.next_lsn)?;
         out.write_u64_le(self.last_timestamp_ms)?;
-        self.idempotency.write_snapshot(out)?;
         for (lane, applied) in self.lanes.iter().zip(&self.applied_from) {
             out.write_u64_le(*applied)?;
             out.write_u64_le(lane.next_seq)?;
@@ -258,10 +258,18 @@ impl Core {
         Ok(())
     }
 
-    pub fn restore_bookkeeping(&mut self, input: &mut dyn io::Read) -> io::Result<()> {
+    /// Reads what [`Self::write_bookkeeping`] wrote; a snapshot of format 1 also holds the idempotency
+    /// table, between the clock and the lanes.
+    pub fn restore_bookkeeping(
+        &mut self,
+        input: &mut dyn io::Read,
+        format_version: u32,
+    ) -> io::Result<()> {
         self.next_lsn = input.read_u64_le()?;
         self.last_timestamp_ms = input.read_u64_le()?;
-        self.idempotency.restore(input)?;
+        if format_version == 1 {
+            self.idempotency.restore(input)?;
+        }
         for (lane, applied) in self.lanes.iter_mut().zip(self.applied_from.iter_mut()) {
             *applied = input.read_u64_le()?;
             lane.next_seq = input.read_u64_le()?;
@@ -283,6 +291,45 @@ impl Core {
     }
 }
 
+impl Core {
+    /// The idempotency table, which a snapshot writes in steps, in a section of its own after the apps'.
+    pub fn idempotency(&mut self) -> &mut IdempotencyTable {
+        &mut self.idempotency
+    }
+}
+
 pub(crate) fn payload_digest(payload: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(payload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::idempotency::Seen;
+
+    /// Snapshot format 1 kept the idempotency table inside the bookkeeping section, between the clock
+    /// and the lanes: a data directory written by an older binary must still start.
+    #[test]
+    fn bookkeeping_of_format_1_is_still_read() {
+        let mut table = IdempotencyTable::new(60_000, 10);
+        table.insert(7, 70, 3, 1_000, b"reply");
+        let mut bytes = Vec::new();
+        bytes.write_u64_le(42).unwrap(); // next LSN
+        bytes.write_u64_le(1_000).unwrap(); // last timestamp
+        table.write_snapshot(&mut bytes).unwrap();
+        for value in [0, 1, 0] {
+            // One lane: applied from it, next sequence, no unacknowledged follow-up.
+            bytes.write_u64_le(value).unwrap();
+        }
+        let mut core = Core::new(0, 1, Vec::new(), IdempotencyTable::new(60_000, 10));
+        core.restore_bookkeeping(&mut bytes.as_slice(), 1).unwrap();
+        assert_eq!(core.next_lsn, 42);
+        assert_eq!(
+            core.idempotency.check(7, 70),
+            Seen::Same {
+                reply: b"reply",
+                lsn: 3
+            }
+        );
+    }
 }

@@ -57,8 +57,8 @@ impl EngineConfig {
             batch_records_max: 16_384,
             flush_interval: Duration::ZERO,
             snapshot_interval_records: 1_000_000,
-            // About a millisecond of encoding.
-            snapshot_step_bytes: 1 << 20,
+            // 2-6 ms of encoding on a 2-core VM (BENCHMARKS.md, "Apply pauses"); 1 MiB took 10-13 ms.
+            snapshot_step_bytes: 256 << 10,
             idempotency_window_ms: 24 * 60 * 60 * 1000,
             idempotency_entries_max: 1_000_000,
             follow_ups_in_flight_max: 16_384,

@@ -6,9 +6,10 @@
 
 use crate::CommandId;
 use crate::journal::Lsn;
-use crate::wire::{ReadLe, WriteLe};
+use crate::wire::{CountingWriter, ReadLe, WriteLe};
 use std::collections::{HashMap, VecDeque};
 use std::io;
+use std::io::Write as _;
 
 /// Largest reply the table keeps; a snapshot holding a larger one is corrupt.
 const REPLY_BYTES_MAX: usize = 16 * 1024 * 1024;
@@ -33,14 +34,35 @@ pub(crate) enum Seen<'a> {
     Different,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) struct IdempotencyTable {
     entries: HashMap<CommandId, Entry>,
     /// Insertion order with timestamps, oldest first: the eviction queue.
     order: VecDeque<(CommandId, u64)>,
     window_ms: u64,
     entries_max: usize,
+    /// Position of `order`'s front among every entry this table held since it was created or restored.
+    front_position: u64,
+    /// The snapshot being written in steps: the positions still to write.
+    snapshot: Option<std::ops::Range<u64>>,
+    /// What the snapshot wrote out of turn: its count, and entries evicted before their turn came.
+    preserved: Vec<u8>,
 }
+
+/// Equal content; where a snapshot stands is not content.
+impl PartialEq for IdempotencyTable {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.entries, &self.order, self.window_ms, self.entries_max)
+            == (
+                &other.entries,
+                &other.order,
+                other.window_ms,
+                other.entries_max,
+            )
+    }
+}
+
+impl Eq for IdempotencyTable {}
 
 impl IdempotencyTable {
     pub fn new(window_ms: u64, entries_max: usize) -> Self {
@@ -53,6 +75,9 @@ impl IdempotencyTable {
             order: VecDeque::new(),
             window_ms,
             entries_max,
+            front_position: 0,
+            snapshot: None,
+            preserved: Vec::new(),
         }
     }
 
@@ -87,7 +112,9 @@ impl IdempotencyTable {
             if at_ms >= horizon_ms && self.order.len() < self.entries_max {
                 break;
             }
+            self.preserve_front();
             self.order.pop_front();
+            self.front_position += 1;
             self.entries.remove(&oldest);
         }
         let previous = self.entries.insert(
@@ -106,15 +133,71 @@ impl IdempotencyTable {
         debug_assert_eq!(self.order.len(), self.entries.len());
     }
 
+    /// Writes the entry at `position` (it must be held).
+    fn write_entry(&self, position: u64, out: &mut dyn io::Write) -> io::Result<()> {
+        let index = usize::try_from(position - self.front_position).expect("a held position");
+        let (command_id, timestamp_ms) = self.order[index];
+        let entry = &self.entries[&command_id];
+        out.write_all(&command_id.to_le_bytes())?;
+        out.write_u64_le(timestamp_ms)?;
+        out.write_u64_le(entry.payload_digest)?;
+        out.write_u64_le(entry.lsn)?;
+        out.write_bytes_le(&entry.reply)
+    }
+
+    /// Starts a snapshot of the table as it is now, which [`Self::snapshot_step`] writes. Entries never
+    /// change once inserted, and new ones go after the snapshot's end: only an eviction can take one the
+    /// snapshot has yet to write, and `preserve_front` writes it first.
+    pub fn begin_snapshot(&mut self) {
+        assert!(self.snapshot.is_none(), "one snapshot at a time");
+        let end = self.front_position + self.order.len() as u64;
+        self.preserved.clear();
+        self.preserved
+            .write_u64_le(self.order.len() as u64)
+            .expect("writing to a Vec cannot fail");
+        self.snapshot = Some(self.front_position..end);
+    }
+
+    fn preserve_front(&mut self) {
+        if let Some(pending) = &mut self.snapshot
+            && pending.start == self.front_position
+            && !pending.is_empty()
+        {
+            pending.start += 1;
+            let mut preserved = std::mem::take(&mut self.preserved);
+            self.write_entry(self.front_position, &mut preserved)
+                .expect("writing to a Vec cannot fail");
+            self.preserved = preserved;
+        }
+    }
+
+    /// Writes what was written out of turn, then entries until about `bytes_budget` bytes are written;
+    /// true once the snapshot begun last is whole: the table as it was when the snapshot began.
+    pub fn snapshot_step(
+        &mut self,
+        out: &mut dyn io::Write,
+        bytes_budget: usize,
+    ) -> io::Result<bool> {
+        let mut pending = self.snapshot.clone().expect("a snapshot is in progress");
+        let mut out = CountingWriter::new(out);
+        out.write_all(&self.preserved)?;
+        self.preserved.clear();
+        while !pending.is_empty() && out.bytes < bytes_budget {
+            self.write_entry(pending.start, &mut out)?;
+            pending.start += 1;
+        }
+        let done = pending.is_empty();
+        self.snapshot = (!done).then_some(pending);
+        Ok(done)
+    }
+
+    /// The whole table at once: what a stepped snapshot must equal.
+    #[cfg(test)]
     pub fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
         out.write_u64_le(self.order.len() as u64)?;
-        for (command_id, timestamp_ms) in &self.order {
-            let entry = &self.entries[command_id];
-            out.write_all(&command_id.to_le_bytes())?;
-            out.write_u64_le(*timestamp_ms)?;
-            out.write_u64_le(entry.payload_digest)?;
-            out.write_u64_le(entry.lsn)?;
-            out.write_bytes_le(&entry.reply)?;
+        let end = self.front_position + self.order.len() as u64;
+        for position in self.front_position..end {
+            self.write_entry(position, out)?;
         }
         Ok(())
     }
@@ -123,6 +206,7 @@ impl IdempotencyTable {
         let count = input.read_u64_le()?;
         self.entries.clear();
         self.order.clear();
+        self.front_position = 0;
         for _ in 0..count {
             let command_id = u128::from_le_bytes(input.read_le_array()?);
             let timestamp_ms = input.read_u64_le()?;
@@ -180,6 +264,34 @@ mod tests {
         table.insert(5, 0, 4, 1_400, b""); // over the count bound: 2 goes
         assert_eq!(table.check(2, 0), Seen::New);
         assert_eq!(table.len(), 3);
+    }
+
+    #[test]
+    fn a_stepped_snapshot_is_the_table_at_its_start_despite_evictions() {
+        let mut table = IdempotencyTable::new(1_000_000, 6);
+        for id in 0..6u128 {
+            table.insert(id, id as u64, id as u64, id as u64, &[id as u8; 20]);
+        }
+        let mut whole = Vec::new();
+        table.write_snapshot(&mut whole).unwrap();
+        table.begin_snapshot();
+        let mut stepped = Vec::new();
+        let mut id = 6;
+        // One entry per step, and between steps an insert that evicts the oldest entry, which the
+        // snapshot has yet to write from the second step on.
+        while !table.snapshot_step(&mut stepped, 1).unwrap() {
+            table.insert(id, 0, id as u64, id as u64, b"new");
+            id += 1;
+        }
+        assert_eq!(stepped, whole);
+        assert_eq!(
+            table.check(0, 0),
+            Seen::New,
+            "the oldest entries were evicted"
+        );
+        let mut restored = IdempotencyTable::new(1_000_000, 6);
+        restored.restore(&mut stepped.as_slice()).unwrap();
+        assert_eq!(restored.len(), 6);
     }
 
     #[test]

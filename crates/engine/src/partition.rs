@@ -135,9 +135,10 @@ const DRAIN_MAX: usize = 4096;
 struct SnapshotInProgress {
     lsn: Lsn,
     out: SectionWriter<Unpublished>,
-    /// Indexes in `Core::apps` of the apps that write their state in steps, in the order written.
+    /// Indexes in `Core::apps` of the apps that write their state in steps, in the order written; the
+    /// idempotency table's section follows theirs.
     stepped: Vec<usize>,
-    /// The one in `stepped` being written.
+    /// The one in `stepped` being written; `stepped.len()`: the idempotency table.
     next: usize,
     /// The first write error; the apps' steps then go on into nothing, so that they end their snapshot.
     failed: Option<String>,
@@ -596,8 +597,8 @@ impl PartitionThread {
     }
 
     /// Starts a snapshot of the partition as it is now. The engine's bookkeeping and the apps that write
-    /// their state whole are written at once; the apps that write it in steps follow (`step_snapshot`)
-    /// while apply goes on. Sections are found by app id, so their order does not matter.
+    /// their state whole are written at once; the apps that write it in steps and the idempotency table
+    /// follow (`step_snapshot`) while apply goes on. App sections are found by id, in any order.
     fn begin_snapshot(&mut self) -> Result<(), String> {
         debug_assert!(self.snapshot.is_none() && self.publishing.is_none());
         let lsn = self.core.next_lsn;
@@ -617,8 +618,9 @@ impl PartitionThread {
                     .err();
             }
         }
-        let first_app = stepped.first().map(|&index| self.core.apps[index].0);
+        self.core.idempotency().begin_snapshot();
         if failed.is_none() {
+            let first_app = stepped.first().map(|&index| self.core.apps[index].0);
             failed = write_app_id(first_app, &mut out).err();
         }
         self.records_since_snapshot = 0;
@@ -630,38 +632,41 @@ impl PartitionThread {
             failed: failed.map(|e| format!("writing a snapshot: {e}")),
             started: Instant::now(),
         });
-        if first_app.is_none() {
-            self.publish_snapshot();
-        }
         Ok(())
     }
 
-    /// Writes the next part of the snapshot in progress; once it is whole, publishes it.
+    /// Writes the next part of the snapshot in progress: the stepped apps' sections, then the
+    /// idempotency table's; once it is whole, publishes it.
     fn step_snapshot(&mut self) {
         let snapshot = self.snapshot.as_mut().expect("a snapshot is in progress");
+        let budget = self.limits.snapshot_step_bytes;
+        let app = snapshot.stepped.get(snapshot.next).copied();
         let next_app = (snapshot.stepped.get(snapshot.next + 1)).map(|&i| self.core.apps[i].0);
-        let state = &mut self.core.apps[snapshot.stepped[snapshot.next]].1;
-        let step = match snapshot.failed {
-            None => state
-                .write_snapshot_step(&mut snapshot.out, self.limits.snapshot_step_bytes)
-                .and_then(|done| {
-                    if done {
-                        snapshot.out.end_section()?;
-                        write_app_id(next_app, &mut snapshot.out)?;
-                    }
-                    Ok(done)
-                }),
-            Some(_) => {
-                state.write_snapshot_step(&mut std::io::sink(), self.limits.snapshot_step_bytes)
-            }
+        let mut sink = std::io::sink();
+        let out: &mut dyn Write = match snapshot.failed {
+            None => &mut snapshot.out,
+            Some(_) => &mut sink,
         };
+        let step = match app {
+            Some(index) => self.core.apps[index].1.write_snapshot_step(out, budget),
+            None => self.core.idempotency().snapshot_step(out, budget),
+        };
+        let step = step.and_then(|done| {
+            if done && snapshot.failed.is_none() {
+                snapshot.out.end_section()?;
+                if app.is_some() {
+                    write_app_id(next_app, &mut snapshot.out)?;
+                }
+            }
+            Ok(done)
+        });
         let done = step.unwrap_or_else(|error| {
             snapshot.failed = Some(format!("writing a snapshot: {error}"));
             false
         });
         if done {
             snapshot.next += 1;
-            if snapshot.next == snapshot.stepped.len() {
+            if snapshot.next > snapshot.stepped.len() {
                 self.publish_snapshot();
             }
         }

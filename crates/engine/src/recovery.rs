@@ -11,8 +11,9 @@ use crate::{AppId, PartitionId, StartError};
 use std::io::{self, Read, Write};
 use std::path::Path;
 
-/// The sections of a partition snapshot before the apps': then each app's, as its id and its state
-/// (written in steps by the partition thread, see `PartitionThread::step_snapshot`).
+/// The sections of a partition snapshot before the apps'; then come each app's, as its id and its state,
+/// and the idempotency table's (written in steps by the partition thread, see
+/// `PartitionThread::step_snapshot`).
 pub(crate) fn write_partition_header(
     core: &Core,
     out: &mut snapshot::SectionWriter<impl Write>,
@@ -41,7 +42,8 @@ fn read_partition_snapshot(
             core.partition, core.partition_count
         )));
     }
-    core.restore_bookkeeping(input)?;
+    let format_version = input.format_version();
+    core.restore_bookkeeping(input, format_version)?;
     input.end_section("bookkeeping")?;
     for _ in 0..app_count {
         let app = input.read_u8_le()?;
@@ -58,6 +60,10 @@ fn read_partition_snapshot(
             .find(|(id, _)| *id == app)
             .expect("every enabled app has a slot");
         slot.1 = state;
+    }
+    if format_version >= 2 {
+        core.idempotency().restore(input)?;
+        input.end_section("idempotency")?;
     }
     Ok(())
 }

@@ -10,7 +10,7 @@
 //! segment is one block, in any order), ended by [`END`]. A reader puts each entry back in the segment
 //! its key hashes to.
 
-use crate::wire::{ReadLe, WriteLe};
+use crate::wire::{CountingWriter, ReadLe, WriteLe};
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
@@ -118,10 +118,7 @@ impl<K: Hash + Eq, V, C: EntryCodec<K, V>> SegmentedMap<K, V, C> {
             if !self.pending[segment] {
                 continue;
             }
-            let mut counted = CountingWriter {
-                inner: out,
-                bytes: 0,
-            };
+            let mut counted = CountingWriter::new(&mut *out);
             write_block::<K, V, C>(self.segments[segment].iter(), &mut counted)?;
             written += counted.bytes;
             self.pending[segment] = false;
@@ -187,22 +184,6 @@ fn write_block<'a, K: 'a, V: 'a, C: EntryCodec<K, V>>(
         C::write(key, value, out)?;
     }
     Ok(())
-}
-
-struct CountingWriter<'a> {
-    inner: &'a mut dyn Write,
-    bytes: usize,
-}
-
-impl Write for CountingWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let written = self.inner.write(buf)?;
-        self.bytes += written;
-        Ok(written)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
-    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,9 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"SPATESNP";
-const VERSION: u32 = 1;
+/// 2: a partition snapshot's idempotency table is a section of its own after the apps' (it was inside
+/// the bookkeeping section), so that it can be written in steps. Files of version 1 are still read.
+const VERSION: u32 = 2;
 const SUFFIX: &str = ".snap";
 
 /// A writer that checksums what passes through it.
@@ -48,11 +50,21 @@ impl<W: Write> Write for SectionWriter<W> {
 pub struct SectionReader<R: Read> {
     inner: R,
     crc: u32,
+    format_version: u32,
 }
 
 impl<R: Read> SectionReader<R> {
     pub fn new(inner: R) -> Self {
-        Self { inner, crc: 0 }
+        Self {
+            inner,
+            crc: 0,
+            format_version: VERSION,
+        }
+    }
+
+    /// The format version in the file's header.
+    pub fn format_version(&self) -> u32 {
+        self.format_version
     }
 
     /// Reads the stored CRC of the section just parsed and compares it with what was read.
@@ -214,13 +226,15 @@ pub fn open(path: &Path) -> io::Result<SectionReader<BufReader<File>>> {
     input.read_exact(&mut magic)?;
     let mut version = [0; 4];
     input.read_exact(&mut version)?;
-    if &magic != MAGIC || u32::from_le_bytes(version) != VERSION {
+    let version = u32::from_le_bytes(version);
+    if &magic != MAGIC || !(1..=VERSION).contains(&version) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "not a spate snapshot of a known version",
         ));
     }
     input.end_section("header")?;
+    input.format_version = version;
     Ok(input)
 }
 

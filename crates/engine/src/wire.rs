@@ -157,6 +157,29 @@ pub trait WriteLe: std::io::Write {
 }
 impl<W: std::io::Write + ?Sized> WriteLe for W {}
 
+/// Counts the bytes written through it, for writers that stop after a budget of bytes.
+pub(crate) struct CountingWriter<'a> {
+    inner: &'a mut dyn std::io::Write,
+    pub bytes: usize,
+}
+
+impl<'a> CountingWriter<'a> {
+    pub fn new(inner: &'a mut dyn std::io::Write) -> Self {
+        Self { inner, bytes: 0 }
+    }
+}
+
+impl std::io::Write for CountingWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let written = self.inner.write(buf)?;
+        self.bytes += written;
+        Ok(written)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// The reading side of [`WriteLe`].
 pub trait ReadLe: std::io::Read {
     fn read_le_array<const N: usize>(&mut self) -> std::io::Result<[u8; N]> {

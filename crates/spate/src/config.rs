@@ -64,7 +64,7 @@ pub struct ServeArgs {
     #[arg(long, env = "SPATE_SNAPSHOT_INTERVAL_RECORDS")]
     snapshot_interval_records: Option<u64>,
     /// Bytes one step of a snapshot writes, for apps that snapshot in steps while they apply (tally);
-    /// a partition applies nothing during a step [default: 1048576]
+    /// a partition applies nothing during a step [default: 262144]
     #[arg(long, env = "SPATE_SNAPSHOT_STEP_BYTES")]
     snapshot_step_bytes: Option<usize>,
     /// Records a projection applies between two checkpoints of its read model [default: 1000000]
