@@ -354,19 +354,21 @@ impl PartitionThread {
                 tracing::error!(partition = self.core.partition, %error, "snapshot failed");
             }
         }
+        let due = self.snapshot.is_none()
+            && self.publishing.is_none()
+            && self.records_since_snapshot >= self.limits.snapshot_interval_records;
+        if self.snapshot.is_none() && !due {
+            return;
+        }
         let started = Instant::now();
-        if self.snapshot.is_some() {
-            self.step_snapshot();
-        } else if self.publishing.is_none()
-            && self.records_since_snapshot >= self.limits.snapshot_interval_records
-        {
+        if due {
             // Counted from the attempt: one that fails is tried again an interval later.
             self.records_since_snapshot = 0;
             if let Err(error) = self.begin_snapshot() {
                 tracing::error!(partition = self.core.partition, %error, "snapshot failed");
             }
         } else {
-            return;
+            self.step_snapshot();
         }
         self.metrics.snapshot_pause.record(started.elapsed());
     }
