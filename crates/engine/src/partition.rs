@@ -604,7 +604,7 @@ impl PartitionThread {
     fn begin_snapshot(&mut self) -> Result<(), String> {
         debug_assert!(self.snapshot.is_none() && self.publishing.is_none());
         let lsn = self.core.next_lsn;
-        let (mut out, _) =
+        let mut out =
             Unpublished::create_snapshot(&self.snapshot_dir, lsn).map_err(|e| e.to_string())?;
         let mut failed = crate::recovery::write_partition_header(&self.core, &mut out).err();
         let mut stepped = Vec::new();

@@ -154,14 +154,14 @@ fn write_file_atomically(
 /// A file being written under a temporary name, invisible to [`list`] (which removes it after a crash)
 /// until [`Unpublished::publish`] renames it into place.
 pub struct Unpublished {
-    pub out: BufWriter<File>,
+    out: BufWriter<File>,
     temporary: PathBuf,
-    path: PathBuf,
     dir: PathBuf,
+    path: PathBuf,
 }
 
 impl Unpublished {
-    pub fn create(dir: &Path, name: &str) -> Result<Self, JournalError> {
+    fn create(dir: &Path, name: &str) -> Result<Self, JournalError> {
         fs::create_dir_all(dir).map_err(io_error(dir))?;
         let temporary = dir.join(format!("{name}.tmp"));
         let file = File::create(&temporary).map_err(io_error(&temporary))?;
@@ -174,15 +174,12 @@ impl Unpublished {
     }
 
     /// A snapshot file: its header section is written, the caller's sections follow.
-    pub fn create_snapshot(
-        dir: &Path,
-        lsn: Lsn,
-    ) -> Result<(SectionWriter<Self>, PathBuf), JournalError> {
+    pub fn create_snapshot(dir: &Path, lsn: Lsn) -> Result<SectionWriter<Self>, JournalError> {
         let pending = Self::create(dir, &file_name(lsn))?;
         let temporary = pending.temporary.clone();
         let mut out = SectionWriter::new(pending);
         write_header(&mut out).map_err(io_error(&temporary))?;
-        Ok((out, temporary))
+        Ok(out)
     }
 
     /// Flushes and fsyncs the file, renames it into place and fsyncs the directory.
