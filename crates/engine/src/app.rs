@@ -4,6 +4,7 @@
 //! fed by its events ([`Projection`]). The engine never interprets payloads, replies or events: they are
 //! the app's bytes.
 
+use crate::archive::Archive;
 use crate::journal::Lsn;
 use crate::record::{Envelope, push_event};
 use crate::{AppId, PartitionId};
@@ -32,6 +33,9 @@ pub struct Effects<'a> {
     pub(crate) follow_ups: &'a mut Vec<FollowUpRequest>,
     pub(crate) partition: PartitionId,
     pub(crate) partition_count: u16,
+    pub(crate) archive: &'a mut Archive,
+    pub(crate) app: AppId,
+    pub(crate) lsn: Lsn,
 }
 
 impl Effects<'_> {
@@ -50,6 +54,11 @@ impl Effects<'_> {
         push_event(self.events, event);
     }
 
+    /// The number of partitions: [`crate::partition_of`] a key with it gives [`Self::partition_of`].
+    pub fn partition_count(&self) -> u16 {
+        self.partition_count
+    }
+
     /// The partition that owns `key`: where [`Self::follow_up`] sends a command with that key. Apps that
     /// send many follow-ups group them by it, one command per destination.
     pub fn partition_of(&self, key: &[u8]) -> PartitionId {
@@ -66,6 +75,24 @@ impl Effects<'_> {
             destination,
             payload,
         });
+    }
+
+    /// Moves a final record out of the app's memory into the partition's archive, on disk on a single
+    /// node: [`Self::archived`] and queries (`EngineHandle::query_archive`) find it by `key` from now on,
+    /// across restarts. A key is archived at most once: what is archived never changes.
+    pub fn archive(&mut self, key: &[u8], value: &[u8]) {
+        self.archive.put(self.app, self.lsn, key, value);
+    }
+
+    /// What this app archived under `key` on this partition before this command.
+    ///
+    /// # Panics
+    /// If the archive store cannot be read (a damaged disk): apply cannot go on without the answer,
+    /// and a guess would make the state differ from the journal's.
+    pub fn archived(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.archive
+            .get(self.app, key, self.lsn)
+            .unwrap_or_else(|error| panic!("partition {}: {error}", self.partition))
     }
 }
 

@@ -5,6 +5,7 @@
 //! that is what makes replay rebuild the same state, replies and events.
 
 use crate::app::{Command, Effects, FollowUpRequest, StateMachine};
+use crate::archive::{Archive, ArchivedRecord};
 use crate::idempotency::{IdempotencyTable, Seen};
 use crate::journal::Lsn;
 use crate::record::{Envelope, Origin};
@@ -45,6 +46,7 @@ pub(crate) struct Core {
     /// Timestamps only grow within a partition; the next stamp is at least this.
     pub last_timestamp_ms: u64,
     pub apps: Vec<(AppId, Box<dyn StateMachine>)>,
+    pub archive: Archive,
     idempotency: IdempotencyTable,
     lanes: Vec<Lane>,
     /// Highest follow-up sequence applied from each source partition.
@@ -66,6 +68,7 @@ impl Core {
         partition_count: u16,
         apps: Vec<(AppId, Box<dyn StateMachine>)>,
         idempotency: IdempotencyTable,
+        archive: Archive,
     ) -> Self {
         let peers = usize::from(partition_count);
         Self {
@@ -74,6 +77,7 @@ impl Core {
             next_lsn: 0,
             last_timestamp_ms: 0,
             apps,
+            archive,
             idempotency,
             lanes: (0..peers)
                 .map(|_| Lane {
@@ -163,14 +167,16 @@ impl Core {
             .collect()
     }
 
-    /// Applies one record at `self.next_lsn`. Events are appended to `events`, follow-ups to `sent`;
-    /// returns the reply. The caller has admitted the command (no duplicate id, known app).
+    /// Applies one record at `self.next_lsn`. Events are appended to `events`, follow-ups to `sent`,
+    /// archived records to `archived` (with an archive store); returns the reply. The caller has
+    /// admitted the command (no duplicate id, known app).
     pub fn apply(
         &mut self,
         envelope: &Envelope,
         payload: &[u8],
         events: &mut Vec<u8>,
         sent: &mut Vec<Outgoing>,
+        archived: &mut Vec<ArchivedRecord>,
     ) -> &[u8] {
         assert!(
             envelope.timestamp_ms >= self.last_timestamp_ms,
@@ -201,6 +207,9 @@ impl Core {
             follow_ups: &mut self.follow_ups,
             partition: self.partition,
             partition_count: self.partition_count,
+            archive: &mut self.archive,
+            app: envelope.app,
+            lsn: self.next_lsn,
         };
         state.apply(
             &Command {
@@ -236,12 +245,14 @@ impl Core {
                 &self.reply,
             );
         }
+        self.archive.move_outbox_into(archived);
         self.next_lsn += 1;
         &self.reply
     }
 
     /// Writes the engine's bookkeeping but the idempotency table (see [`Self::idempotency`]): one
-    /// snapshot section.
+    /// snapshot section. It ends with the archive's records not yet in its store (all of them without
+    /// a store).
     pub fn write_bookkeeping(&self, out: &mut dyn io::Write) -> io::Result<()> {
         out.write_u64_le(self.next_lsn)?;
         out.write_u64_le(self.last_timestamp_ms)?;
@@ -255,11 +266,11 @@ impl Core {
                 out.write_bytes_le(&follow_up.payload)?;
             }
         }
-        Ok(())
+        self.archive.write_pending(out)
     }
 
     /// Reads what [`Self::write_bookkeeping`] wrote; a snapshot of format 1 also holds the idempotency
-    /// table, between the clock and the lanes.
+    /// table, between the clock and the lanes; formats before 3 have no archive.
     pub fn restore_bookkeeping(
         &mut self,
         input: &mut dyn io::Read,
@@ -286,6 +297,9 @@ impl Core {
                     payload,
                 });
             }
+        }
+        if format_version >= 3 {
+            self.archive.restore_pending(input)?;
         }
         Ok(())
     }
@@ -321,7 +335,13 @@ mod tests {
             // One lane: applied from it, next sequence, no unacknowledged follow-up.
             bytes.write_u64_le(value).unwrap();
         }
-        let mut core = Core::new(0, 1, Vec::new(), IdempotencyTable::new(60_000, 10));
+        let mut core = Core::new(
+            0,
+            1,
+            Vec::new(),
+            IdempotencyTable::new(60_000, 10),
+            crate::archive::Archive::new(None),
+        );
         core.restore_bookkeeping(&mut bytes.as_slice(), 1).unwrap();
         assert_eq!(core.next_lsn, 42);
         assert_eq!(

@@ -1,6 +1,7 @@
 //! Wiring: start-up (recovery of every partition and projection), the handle callers use, shutdown.
 
 use crate::app::{AppSpec, StateMachine};
+use crate::archive::{ArchiveDatabase, ArchiveReader};
 use crate::cluster::{Command, Peers, Remote};
 use crate::core::Core;
 use crate::idempotency::IdempotencyTable;
@@ -43,6 +44,9 @@ pub struct EngineConfig {
     pub projection_checkpoint_interval_records: u64,
     /// Group commits queued for a projection; a projection further behind reads the journal instead.
     pub projection_feed_batches_max: usize,
+    /// Memory for the archive store's block cache, all partitions together (the archive's records not
+    /// yet stored are extra, and few).
+    pub archive_cache_bytes: u64,
 }
 
 impl EngineConfig {
@@ -64,6 +68,7 @@ impl EngineConfig {
             follow_ups_in_flight_max: 16_384,
             projection_checkpoint_interval_records: 1_000_000,
             projection_feed_batches_max: 1024,
+            archive_cache_bytes: 256 << 20,
         }
     }
 }
@@ -123,6 +128,9 @@ struct Starter {
     feeds: Mutex<Option<Vec<FeedSender>>>,
     /// Per partition, per projection: the LSN its checkpoint covers (the journal keeps what is after).
     floors_by_partition: Vec<Vec<Arc<AtomicU64>>>,
+    /// The archive's store on disk; none on a cluster node, whose partitions move between nodes with
+    /// their snapshots, so their archive stays in memory and in snapshots.
+    archive: Option<ArchiveDatabase>,
 }
 
 struct Inner {
@@ -309,6 +317,13 @@ impl Engine {
             }
         })?;
         check_meta(&config.data_dir, config.partitions)?;
+        let archive = match &remote {
+            None => Some(ArchiveDatabase::open(
+                &config.data_dir.join("archive"),
+                config.archive_cache_bytes,
+            )?),
+            Some(_) => None,
+        };
         let partition_count = config.partitions;
         let metrics = EngineMetrics::register(registry);
         let shared: Vec<Arc<PartitionShared>> = (0..partition_count)
@@ -391,6 +406,7 @@ impl Engine {
                 queue_capacity: config.queue_capacity,
                 feeds: Mutex::new(Some(feeds)),
                 floors_by_partition,
+                archive,
             },
         };
         let engine = Self {
@@ -470,11 +486,15 @@ impl Inner {
     fn recover(&self, partition: PartitionId, log: &dyn Log) -> Result<Core, StartError> {
         let starter = &self.starter;
         let snapshot_dir = crate::snapshot_dir(&starter.data_dir, partition);
+        let archive = (starter.archive.as_ref())
+            .map(|db| db.partition(partition))
+            .transpose()?;
         crate::recovery::recover_partition(
             partition,
             self.partition_count,
             &starter.apps,
             &starter.empty_idempotency,
+            &archive,
             log,
             &snapshot_dir,
         )
@@ -646,8 +666,27 @@ impl EngineHandle {
         S: StateMachine,
         R: Send + 'static,
     {
-        self.query_state(partition, app, move |state| {
+        self.query_state(partition, app, move |state, _| {
             (state as &dyn Any).downcast_ref::<S>().map(read)
+        })
+        .await
+    }
+
+    /// [`Self::query`] for reads that may need what the app archived (see `Effects::archive`).
+    pub async fn query_archive<S, R>(
+        &self,
+        partition: PartitionId,
+        app: AppId,
+        read: impl FnOnce(&S, &ArchiveReader<'_>) -> R + Send + 'static,
+    ) -> Result<R, EngineError>
+    where
+        S: StateMachine,
+        R: Send + 'static,
+    {
+        self.query_state(partition, app, move |state, archive| {
+            (state as &dyn Any)
+                .downcast_ref::<S>()
+                .map(|state| read(state, archive))
         })
         .await
     }
@@ -678,7 +717,7 @@ impl EngineHandle {
         app: AppId,
         query: Vec<u8>,
     ) -> Result<Vec<u8>, EngineError> {
-        self.query_state(partition, app, move |state| Some(state.read(&query)))
+        self.query_state(partition, app, move |state, _| Some(state.read(&query)))
             .await
     }
 
@@ -688,13 +727,18 @@ impl EngineHandle {
         &self,
         partition: PartitionId,
         app: AppId,
-        read: impl FnOnce(&dyn StateMachine) -> Option<R> + Send + 'static,
+        read: impl FnOnce(&dyn StateMachine, &ArchiveReader<'_>) -> Option<R> + Send + 'static,
     ) -> Result<R, EngineError> {
         let (reply_to, reply) = tokio::sync::oneshot::channel();
         let query: partition::QueryFn = Box::new(move |core: &Core| {
+            let archive = ArchiveReader {
+                archive: &core.archive,
+                app,
+                as_of: core.next_lsn,
+            };
             let result = core
                 .app_state(app)
-                .and_then(read)
+                .and_then(|state| read(state, &archive))
                 .ok_or(EngineError::UnknownApp(app));
             Box::new(move |durable: Result<(), EngineError>| {
                 let _ = reply_to.send(durable.and(result));

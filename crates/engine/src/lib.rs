@@ -3,6 +3,7 @@
 //! crash. It knows no app and no network protocol; see ARCHITECTURE.md for the whole picture.
 
 mod app;
+mod archive;
 pub mod cluster;
 mod core;
 mod engine;
@@ -18,6 +19,7 @@ pub mod snapshot;
 pub mod wire;
 
 pub use app::{AppSpec, Command, Effects, NewState, Projection, RestoreState, StateMachine};
+pub use archive::{ArchiveError, ArchiveReader};
 pub use engine::{Engine, EngineConfig, EngineHandle, Health, Pending, Refused};
 pub use journal::{Durability, FileLogStore, JournalConfig, LogStore, Lsn};
 pub use record::{Envelope, Origin};
@@ -72,6 +74,8 @@ pub enum StartError {
     Config(String),
     #[error("cannot recover: {0}")]
     Unrecoverable(String),
+    #[error(transparent)]
+    Archive(#[from] ArchiveError),
 }
 
 /// The partition that owns `key`. Stable across versions and restarts: data placement depends on it.

@@ -101,6 +101,8 @@ pub(crate) struct EngineMetrics {
     apply_pause_max_seconds: Family<PauseLabel, Gauge<f64, AtomicU64>>,
     queue_depth: Family<PartitionLabel, Gauge>,
     durable_lsn: Family<PartitionLabel, Gauge>,
+    archive_memory_records: Family<PartitionLabel, Gauge>,
+    archive_failures: Family<PartitionLabel, Counter>,
     follow_lag_seconds: Family<PartitionLabel, Gauge<f64, AtomicU64>>,
     projection_lag_records: Family<AppLabel, Gauge>,
     projection_journal_reads: Family<AppLabel, Counter>,
@@ -120,6 +122,8 @@ pub(crate) struct PartitionMetrics {
     pub journal_pause: PauseMetric,
     pub queue_depth: Gauge,
     pub durable_lsn: Gauge,
+    pub archive_memory_records: Gauge,
+    pub archive_failures: Counter,
 }
 
 impl EngineMetrics {
@@ -137,6 +141,8 @@ impl EngineMetrics {
             apply_pause_max_seconds: Family::default(),
             queue_depth: Family::default(),
             durable_lsn: Family::default(),
+            archive_memory_records: Family::default(),
+            archive_failures: Family::default(),
             follow_lag_seconds: Family::default(),
             projection_lag_records: Family::default(),
             projection_journal_reads: Family::default(),
@@ -203,6 +209,17 @@ impl EngineMetrics {
             metrics.durable_lsn.clone(),
         );
         r.register(
+            "archive_memory_records",
+            "Archived records still in memory: not yet in the archive's store on disk (all of them on \
+             a cluster node, which keeps its archive in memory and in snapshots)",
+            metrics.archive_memory_records.clone(),
+        );
+        r.register(
+            "archive_failures",
+            "Failures to store archived records (they then stay in memory and in snapshots)",
+            metrics.archive_failures.clone(),
+        );
+        r.register(
             "follow_lag_seconds",
             "For a partition another node applies: how far this node's reader of its log, which feeds \
              the read models, is behind the log's end (the age of the newest record read; 0 at the end)",
@@ -238,6 +255,8 @@ impl EngineMetrics {
             journal_pause: self.pause(partition, PauseCause::Journal),
             queue_depth: self.queue_depth.get_or_create(&label).clone(),
             durable_lsn: self.durable_lsn.get_or_create(&label).clone(),
+            archive_memory_records: self.archive_memory_records.get_or_create(&label).clone(),
+            archive_failures: self.archive_failures.get_or_create(&label).clone(),
         }
     }
 

@@ -6,6 +6,7 @@
 //! acknowledgements, projection feeds). While the writer fsyncs one batch, the partition applies the next,
 //! so the batch size adapts to the load by itself.
 
+use crate::archive::{ArchiveStore, ArchivedRecord};
 use crate::cluster::Peers;
 use crate::core::{Admission, Core, FollowUp, Outgoing};
 use crate::journal::{JournalError, Log, Lsn};
@@ -68,6 +69,8 @@ struct Batch {
     sends: Vec<Outgoing>,
     acks: Vec<(PartitionId, u64)>,
     apps: u64,
+    /// Records the batch's commands archived, for the writer to store once the batch is durable.
+    archived: Vec<ArchivedRecord>,
 }
 
 impl Batch {
@@ -99,6 +102,9 @@ pub(crate) struct PartitionShared {
     /// LSN; the projection reads those records from the journal. Only grows.
     pub feed_dropped_end: [AtomicU64; APPS_MAX],
     pub failed: AtomicBool,
+    /// Every record archived before this LSN is in the archive's store; the partition may drop it from
+    /// memory. Stops growing for good if the store fails, so that nothing unstored is dropped.
+    pub archived_lsn: AtomicU64,
 }
 
 /// App ids are below this.
@@ -111,6 +117,7 @@ impl Default for PartitionShared {
             fed_lsn: AtomicU64::new(0),
             feed_dropped_end: std::array::from_fn(|_| AtomicU64::new(0)),
             failed: AtomicBool::new(false),
+            archived_lsn: AtomicU64::new(0),
         }
     }
 }
@@ -184,6 +191,9 @@ pub(crate) struct WriterThread {
     projections: Vec<(AppId, Sender<Feed>)>,
     shared: Arc<PartitionShared>,
     metrics: PartitionMetrics,
+    archive: Option<ArchiveStore>,
+    /// Set when storing archived records failed: none is stored after, so none is dropped from memory.
+    archive_failed: bool,
 }
 
 /// Builds the two threads' states, connected by a one-slot channel: one batch in the writer's hands and
@@ -218,6 +228,8 @@ pub(crate) fn pair(
         projections,
         shared: shared.clone(),
         metrics: metrics.clone(),
+        archive: core.archive.store().cloned(),
+        archive_failed: false,
     };
     let first_lsn = core.next_lsn;
     let partition = PartitionThread {
@@ -401,6 +413,10 @@ impl PartitionThread {
             "every apply's follow-ups are routed before its batch moves on"
         );
         self.last_hand_off = Instant::now();
+        self.core
+            .archive
+            .forget_stored(self.shared.archived_lsn.load(Ordering::Acquire));
+        (self.metrics.archive_memory_records).set(self.core.archive.pending_count() as i64);
         let next = Batch {
             first_lsn: self.core.next_lsn,
             ..Batch::default()
@@ -491,9 +507,13 @@ impl PartitionThread {
     /// for [`Self::route_follow_ups`], which every caller runs right after.
     fn apply(&mut self, envelope: &Envelope, payload: &[u8]) -> &[u8] {
         let start = begin_record(&mut self.batch.frames, envelope, payload);
-        let reply = self
-            .core
-            .apply(envelope, payload, &mut self.batch.frames, &mut self.sent);
+        let reply = self.core.apply(
+            envelope,
+            payload,
+            &mut self.batch.frames,
+            &mut self.sent,
+            &mut self.batch.archived,
+        );
         finish_record(&mut self.batch.frames, start);
         self.batch.record_count += 1;
         self.batch.apps |= app_bit(envelope.app);
@@ -603,6 +623,10 @@ impl PartitionThread {
     /// follow (`step_snapshot`) while apply goes on. App sections are found by id, in any order.
     fn begin_snapshot(&mut self) -> Result<(), String> {
         debug_assert!(self.snapshot.is_none() && self.publishing.is_none());
+        // The snapshot holds the archived records not yet stored: as few as possible.
+        self.core
+            .archive
+            .forget_stored(self.shared.archived_lsn.load(Ordering::Acquire));
         let lsn = self.core.next_lsn;
         let mut out =
             Unpublished::create_snapshot(&self.snapshot_dir, lsn).map_err(|e| e.to_string())?;
@@ -693,6 +717,7 @@ impl PartitionThread {
             snapshot_dir: self.snapshot_dir.clone(),
             projection_floors: self.projection_floors.clone(),
             metrics: self.metrics.clone(),
+            archive: self.core.archive.store().cloned(),
         };
         let spawned = std::thread::Builder::new()
             .name(format!("p{}-snapshot", self.core.partition))
@@ -762,10 +787,12 @@ struct Publish {
     snapshot_dir: PathBuf,
     projection_floors: Vec<Arc<AtomicU64>>,
     metrics: PartitionMetrics,
+    archive: Option<ArchiveStore>,
 }
 
 /// Publishes a snapshot once everything it holds is durable (a snapshot must not hold effects that a
-/// crash could still take back), then lets the journal drop what the older of the two kept snapshots
+/// crash could still take back) and the archive's store holds every record the snapshot left out,
+/// then lets the journal drop what the older of the two kept snapshots
 /// (and every projection checkpoint) no longer needs.
 fn publish_snapshot(publish: Publish) -> Result<(), String> {
     let Publish {
@@ -778,12 +805,16 @@ fn publish_snapshot(publish: Publish) -> Result<(), String> {
         snapshot_dir,
         projection_floors,
         metrics,
+        archive,
     } = publish;
     while shared.durable_lsn.load(Ordering::Acquire) < lsn {
         if shared.failed.load(Ordering::Acquire) {
             return Err("the journal failed before the snapshot's records were durable".into());
         }
         std::thread::sleep(Duration::from_millis(1));
+    }
+    if let Some(archive) = archive {
+        archive.persist().map_err(|e| e.to_string())?;
     }
     let path = out.publish().map_err(|e| e.to_string())?;
     let stopped = || "the journal writer stopped".to_string();
@@ -927,7 +958,27 @@ impl WriterThread {
             }
             // After the sends: a projection that reads this and then drains its feed has seen them.
             self.shared.fed_lsn.store(end_lsn, Ordering::Release);
+            self.store_archived(&batch.archived, end_lsn);
         }
+    }
+
+    /// Stores the records a durable batch archived, so that the partition may drop them from memory.
+    fn store_archived(&mut self, records: &[ArchivedRecord], end_lsn: Lsn) {
+        let Some(archive) = &self.archive else {
+            return;
+        };
+        if self.archive_failed {
+            return;
+        }
+        if !records.is_empty()
+            && let Err(error) = archive.put_all(records)
+        {
+            tracing::error!(partition = self.partition, %error, "storing archived records failed; they stay in memory and in snapshots");
+            self.metrics.archive_failures.inc();
+            self.archive_failed = true;
+            return;
+        }
+        self.shared.archived_lsn.store(end_lsn, Ordering::Release);
     }
 }
 

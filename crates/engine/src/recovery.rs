@@ -1,6 +1,7 @@
 //! Start-up: rebuild each partition from its newest usable snapshot plus the journal after it.
 
 use crate::app::AppSpec;
+use crate::archive::{Archive, ArchiveStore};
 use crate::core::Core;
 use crate::idempotency::IdempotencyTable;
 use crate::journal::{JournalError, Log};
@@ -73,20 +74,29 @@ fn fresh_core(
     partition_count: u16,
     specs: &[AppSpec],
     idempotency: &IdempotencyTable,
+    archive: &Option<ArchiveStore>,
 ) -> Core {
     let apps = specs
         .iter()
         .map(|s| (s.id, (s.new_state)(partition)))
         .collect();
-    Core::new(partition, partition_count, apps, idempotency.clone())
+    Core::new(
+        partition,
+        partition_count,
+        apps,
+        idempotency.clone(),
+        Archive::new(archive.clone()),
+    )
 }
 
-/// Restores the newest snapshot the journal can continue from, then replays the journal after it.
+/// Restores the newest snapshot the journal can continue from, then replays the journal after it, and
+/// stores what replay archived.
 pub(crate) fn recover_partition(
     partition: PartitionId,
     partition_count: u16,
     specs: &[AppSpec],
     empty_idempotency: &IdempotencyTable,
+    archive: &Option<ArchiveStore>,
     log: &dyn Log,
     snapshot_dir: &Path,
 ) -> Result<Core, StartError> {
@@ -96,7 +106,13 @@ pub(crate) fn recover_partition(
             tracing::warn!(partition, snapshot = %path.display(), "snapshot does not meet the journal; skipped");
             continue;
         }
-        let mut core = fresh_core(partition, partition_count, specs, empty_idempotency);
+        let mut core = fresh_core(
+            partition,
+            partition_count,
+            specs,
+            empty_idempotency,
+            archive,
+        );
         let loaded = snapshot::open(&path).and_then(|mut input| {
             read_partition_snapshot(&mut input, &mut core, specs)?;
             input.finish()
@@ -116,9 +132,13 @@ pub(crate) fn recover_partition(
     }
     let mut core = match restored {
         Some(core) => core,
-        None if log.first_lsn() == 0 => {
-            fresh_core(partition, partition_count, specs, empty_idempotency)
-        }
+        None if log.first_lsn() == 0 => fresh_core(
+            partition,
+            partition_count,
+            specs,
+            empty_idempotency,
+            archive,
+        ),
         None => {
             return Err(StartError::Unrecoverable(format!(
                 "partition {partition}: no usable snapshot, and the journal starts at LSN {} (earlier records were released)",
@@ -128,6 +148,7 @@ pub(crate) fn recover_partition(
     };
     let mut events = Vec::new();
     let mut sent = Vec::new();
+    let mut archived = Vec::new();
     let from = core.next_lsn;
     log.replay(from, &mut |lsn, kind, body| {
         let corrupt = |reason: String| JournalError::Corrupt {
@@ -145,7 +166,15 @@ pub(crate) fn recover_partition(
         }
         debug_assert_eq!(core.next_lsn, lsn);
         events.clear();
-        core.apply(&record.envelope, record.payload, &mut events, &mut sent);
+        // What replay archives is stored at the end, from the archive's memory.
+        core.apply(
+            &record.envelope,
+            record.payload,
+            &mut events,
+            &mut sent,
+            &mut archived,
+        );
+        archived.clear();
         debug_assert_eq!(
             events.as_slice(),
             record.raw_events(),
@@ -154,6 +183,7 @@ pub(crate) fn recover_partition(
         sent.clear();
         Ok(())
     })?;
+    core.archive.store_recovered()?;
     tracing::info!(
         partition,
         snapshot_lsn = from,

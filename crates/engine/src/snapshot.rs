@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"SPATESNP";
 /// 2: a partition snapshot's idempotency table is a section of its own after the apps' (it was inside
-/// the bookkeeping section), so that it can be written in steps. Files of version 1 are still read.
-const VERSION: u32 = 2;
+/// the bookkeeping section), so that it can be written in steps. 3: the bookkeeping ends with the
+/// archive's records not yet in its store. Files of versions 1 and 2 are still read.
+const VERSION: u32 = 3;
 const SUFFIX: &str = ".snap";
 
 /// A writer that checksums what passes through it.

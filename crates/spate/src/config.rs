@@ -117,10 +117,10 @@ pub struct ServeArgs {
     /// payments: events kept per partition for GET /v1/events [default: 1000000]
     #[arg(long, env = "SPATE_PAYMENTS_FEED_EVENTS")]
     payments_feed_events: Option<usize>,
-    /// ledger: transfers held before new prepares are refused (2003, HTTP 503); each costs about 500
-    /// bytes of memory and nothing is archived yet [default: 20000000]
-    #[arg(long, env = "SPATE_LEDGER_TRANSFERS_MAX")]
-    ledger_transfers_max: Option<u64>,
+    /// ledger: open transfers (RECEIVED or RESERVED) held before new prepares are refused (2003, HTTP
+    /// 503); each costs about 500 bytes of memory until it is final and archived [default: 10000000]
+    #[arg(long, env = "SPATE_LEDGER_OPEN_TRANSFERS_MAX")]
+    ledger_open_transfers_max: Option<u64>,
     /// ski: accepted resortIDs, MIN-MAX [default: 1-10]
     #[arg(long, env = "SPATE_SKI_RESORTS")]
     ski_resorts: Option<String>,
@@ -168,7 +168,7 @@ pub struct AppOptions {
     fraud_entries_per_card: usize,
     ski: spate_ski::SkiConfig,
     payments: PaymentsOptions,
-    ledger_transfers_max: u64,
+    ledger_open_transfers_max: u64,
 }
 
 /// The payments app's options; its module is built from them when the app is enabled.
@@ -227,7 +227,7 @@ pub fn modules(names: &[String], options: &AppOptions) -> anyhow::Result<Vec<App
             spate_tally::APP_NAME => Ok(spate_tally::module()),
             spate_leaderboard::APP_NAME => Ok(spate_leaderboard::module()),
             spate_ski::APP_NAME => Ok(spate_ski::module(options.ski)),
-            spate_ledger::APP_NAME => Ok(spate_ledger::module(options.ledger_transfers_max)),
+            spate_ledger::APP_NAME => Ok(spate_ledger::module(options.ledger_open_transfers_max)),
             spate_payments::APP_NAME => options.payments.module(),
             spate_fraud::APP_NAME => {
                 let key = spate_fraud::cipher::load_or_create_key(&options.fraud_key_file)
@@ -286,7 +286,7 @@ impl ServeArgs {
                 payments_settlement_dir,
                 payments_settle_every_secs,
                 payments_feed_events,
-                ledger_transfers_max,
+                ledger_open_transfers_max,
                 ski_resorts,
                 ski_seasons,
                 ski_skiers,
@@ -341,9 +341,9 @@ impl ServeArgs {
                 .unwrap_or_else(|| data_dir.join("fraud.key")),
             fraud_entries_per_card: entries_per_card,
             ski,
-            ledger_transfers_max: self
-                .ledger_transfers_max
-                .unwrap_or(spate_ledger::TRANSFERS_MAX_DEFAULT),
+            ledger_open_transfers_max: self
+                .ledger_open_transfers_max
+                .unwrap_or(spate_ledger::OPEN_TRANSFERS_MAX_DEFAULT),
             payments: PaymentsOptions {
                 data_dir: data_dir.clone(),
                 kek_file: self.kek_file,

@@ -524,11 +524,11 @@ fn the_read_model_is_rebuilt_from_every_event_only_when_the_journal_kept_them() 
 }
 
 #[test]
-fn a_full_ledger_refuses_new_prepares_and_keeps_serving_the_rest() {
+fn a_ledger_at_its_open_transfer_limit_refuses_new_prepares_until_some_are_final() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(
         dir.path(),
-        &["--apps", "ledger", "--ledger-transfers-max", "3"],
+        &["--apps", "ledger", "--ledger-open-transfers-max", "3"],
         None,
     );
     let (agent, base) = (agent(), server.base.clone());
@@ -555,7 +555,7 @@ fn a_full_ledger_refuses_new_prepares_and_keeps_serving_the_rest() {
         ),
         503,
         "2003",
-        "--ledger-transfers-max",
+        "--ledger-open-transfers-max",
     );
     // In a batch only the prepare is refused; the fulfil next to it commits.
     let batch = json!({"operations": [
@@ -576,4 +576,18 @@ fn a_full_ledger_refuses_new_prepares_and_keeps_serving_the_rest() {
         payer()
     );
     assert_eq!(payer()["reserved"], "20");
+    // The committed transfer is no longer open: once the read model counts it, prepares go through.
+    assert_eq!(
+        caught_up_read_model(&agent, &base)["transfers"]["COMMITTED"],
+        1
+    );
+    let (status, body) = post(
+        &agent,
+        &format!("{base}/transfers"),
+        &prepare_body(6, "dfspa", "dfspb", "10", 60_000),
+    );
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = get(&agent, &format!("{base}/transfers/{}", transfer_id(1)));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["transferState"], "COMMITTED", "{body}");
 }

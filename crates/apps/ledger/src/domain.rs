@@ -22,9 +22,13 @@
 //! The transfer's partition decides every state change, once; the participants' partitions only move
 //! money as told. So a transfer reaches COMMITTED or ABORTED at most once, and the positions of all
 //! participants sum to the same total whenever no follow-up is in flight.
+//!
+//! A transfer that reaches COMMITTED or ABORTED never changes again: it leaves the partition's memory
+//! for the archive ([`Context::archive`]), where duplicate checks and reads still find it.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 
 /// A participant's name or a currency: short, so held inline without an allocation (up to 24 bytes;
@@ -323,11 +327,21 @@ pub enum Reply {
     Batch(Vec<Reply>),
 }
 
-/// What a partition knows besides a command: the time (the command's timestamp) and which owners it
-/// holds, so a step whose owner is here can be taken at once instead of sent.
+/// What a partition knows besides a command: the time (the command's timestamp), which owners it
+/// holds, so a step whose owner is here can be taken at once instead of sent, and its archive of final
+/// transfers.
 pub struct Context<'a> {
     pub now_ms: u64,
     pub here: &'a dyn Fn(&Owner) -> bool,
+    pub archive: &'a mut dyn TransferArchive,
+}
+
+/// Where a partition's final transfers go when they leave its memory.
+pub trait TransferArchive {
+    /// Keeps `transfer`, which is final, for good.
+    fn put(&mut self, transfer: &Transfer);
+    /// A transfer given to [`Self::put`] before.
+    fn get(&self, id: TransferId) -> Option<Transfer>;
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -386,7 +400,8 @@ impl LedgerPartition {
         self.participants.get(name)
     }
 
-    pub fn transfer(&self, id: TransferId) -> Option<&Transfer> {
+    /// A transfer still open (RECEIVED or RESERVED); final ones are in the archive.
+    pub fn open_transfer(&self, id: TransferId) -> Option<&Transfer> {
         self.transfers.get(&id).map(|transfer| &**transfer)
     }
 
@@ -394,12 +409,21 @@ impl LedgerPartition {
         self.participants.iter()
     }
 
-    pub fn transfers(&self) -> impl Iterator<Item = &Transfer> {
+    /// The open transfers.
+    pub fn open_transfers(&self) -> impl Iterator<Item = &Transfer> {
         self.transfers.values().map(|transfer| &**transfer)
     }
 
+    /// The transfer `id`, open or archived.
+    fn lookup<'s>(&'s self, id: TransferId, at: &Context<'_>) -> Option<Cow<'s, Transfer>> {
+        match self.transfers.get(&id) {
+            Some(open) => Some(Cow::Borrowed(&**open)),
+            None => at.archive.get(id).map(Cow::Owned),
+        }
+    }
+
     /// Applies one command at `now_ms`. Client commands get a reply; follow-ups and ticks get `Done`.
-    pub fn apply(&mut self, command: Command, at: &Context<'_>) -> Output {
+    pub fn apply(&mut self, command: Command, at: &mut Context<'_>) -> Output {
         let mut out = Output::default();
         let reply = match command {
             Command::Batch(commands) => Reply::Batch(
@@ -420,7 +444,7 @@ impl LedgerPartition {
         out
     }
 
-    fn apply_one(&mut self, command: Command, at: &Context<'_>, out: &mut Output) -> Reply {
+    fn apply_one(&mut self, command: Command, at: &mut Context<'_>, out: &mut Output) -> Reply {
         let now_ms = at.now_ms;
         match command {
             Command::Batch(_) => unreachable!("apply unpacks batches"),
@@ -436,10 +460,10 @@ impl LedgerPartition {
                 id,
                 source,
                 fulfilment,
-            } => self.fulfil(id, &source, fulfilment, now_ms, out),
-            Command::Reject { id, source } => self.reject(id, &source, now_ms, out),
+            } => self.fulfil(id, &source, fulfilment, at, out),
+            Command::Reject { id, source } => self.reject(id, &source, at, out),
             Command::Tick => {
-                self.expire_due(now_ms, out);
+                self.expire_due(at, out);
                 Reply::Done
             }
             Command::CheckPayee {
@@ -477,7 +501,7 @@ impl LedgerPartition {
                 Reply::Done
             }
             Command::ReserveResult { id, refusal } => {
-                self.reserve_result(id, refusal, now_ms, out);
+                self.reserve_result(id, refusal, at, out);
                 Reply::Done
             }
             Command::CommitPayer { id, payer, amount } => {
@@ -567,11 +591,11 @@ impl LedgerPartition {
         &mut self,
         spec: TransferSpec,
         payee_known: bool,
-        at: &Context<'_>,
+        at: &mut Context<'_>,
         out: &mut Output,
     ) -> Reply {
         let (now_ms, here) = (at.now_ms, at.here);
-        if let Some(existing) = self.transfers.get(&spec.id) {
+        if let Some(existing) = self.lookup(spec.id, at) {
             return if existing.spec.content_hash == spec.content_hash {
                 Reply::Transfer(spec.id, existing.state)
             } else {
@@ -624,8 +648,8 @@ impl LedgerPartition {
         if payee_known && here(&payer_owner) {
             // The payer is on this partition too: reserve now and answer with the outcome, no steps.
             let refusal = self.reserve(id, &payer, &currency, amount, out);
-            self.reserve_result(id, refusal, now_ms, out);
-            return Reply::Transfer(id, self.transfers[&id].state);
+            let state = self.reserve_result(id, refusal, at, out);
+            return Reply::Transfer(id, state);
         }
         let first_step = if payee_known {
             (
@@ -681,18 +705,48 @@ impl LedgerPartition {
         None
     }
 
-    fn set_state(&mut self, id: TransferId, state: TransferState, out: &mut Output) {
+    /// Moves an open transfer to RESERVED.
+    fn reserve_transfer(&mut self, id: TransferId, out: &mut Output) {
         let transfer = self.transfers.get_mut(&id).expect("the caller found it");
-        debug_assert!(!transfer.state.is_final(), "a final state never changes");
-        transfer.state = state;
-        if state.is_final() {
-            self.expiries.remove(&(transfer.spec.expiration_ms, id));
-        }
-        out.events.push(Event::TransferChanged { id, state });
+        debug_assert_eq!(transfer.state, TransferState::Received);
+        transfer.state = TransferState::Reserved;
+        out.events.push(Event::TransferChanged {
+            id,
+            state: TransferState::Reserved,
+        });
     }
 
-    fn release(&self, id: TransferId, out: &mut Output) {
-        let spec = &self.transfers[&id].spec;
+    /// Gives an open transfer its final state and moves it to the archive.
+    fn finish(
+        &mut self,
+        id: TransferId,
+        state: TransferState,
+        at: &mut Context<'_>,
+        out: &mut Output,
+    ) -> Box<Transfer> {
+        debug_assert!(state.is_final());
+        let mut transfer = self.transfers.remove(&id).expect("the caller found it");
+        debug_assert!(!transfer.state.is_final(), "a final state never changes");
+        transfer.state = state;
+        self.expiries.remove(&(transfer.spec.expiration_ms, id));
+        out.events.push(Event::TransferChanged { id, state });
+        at.archive.put(&transfer);
+        transfer
+    }
+
+    /// Aborts an open transfer whose payer holds a reservation for it, and releases that.
+    fn abort_reserved(
+        &mut self,
+        id: TransferId,
+        reason: AbortReason,
+        at: &mut Context<'_>,
+        out: &mut Output,
+    ) {
+        let transfer = self.finish(id, TransferState::Aborted(reason), at, out);
+        Self::release(id, &transfer.spec, out);
+    }
+
+    fn release(id: TransferId, spec: &TransferSpec, out: &mut Output) {
         out.follow_ups.push((
             Owner::Participant(spec.payer.clone()),
             Command::Release {
@@ -703,29 +757,35 @@ impl LedgerPartition {
         ));
     }
 
+    /// Takes in the payer's answer to a transfer's reservation; returns the transfer's new state.
     fn reserve_result(
         &mut self,
         id: TransferId,
         refusal: Option<ErrorCode>,
-        now_ms: u64,
+        at: &mut Context<'_>,
         out: &mut Output,
-    ) {
+    ) -> TransferState {
         let transfer = &self.transfers[&id];
         assert_eq!(
             transfer.state,
             TransferState::Received,
             "one reservation answer per prepared transfer"
         );
-        match refusal {
-            Some(code) => {
-                self.set_state(id, TransferState::Aborted(AbortReason::Refused(code)), out)
+        let state = match refusal {
+            Some(code) => TransferState::Aborted(AbortReason::Refused(code)),
+            None if transfer.spec.expiration_ms <= at.now_ms => {
+                TransferState::Aborted(AbortReason::Expired)
             }
-            None if transfer.spec.expiration_ms <= now_ms => {
-                self.set_state(id, TransferState::Aborted(AbortReason::Expired), out);
-                self.release(id, out);
+            None => TransferState::Reserved,
+        };
+        match state {
+            TransferState::Aborted(AbortReason::Expired) => {
+                self.abort_reserved(id, AbortReason::Expired, at, out)
             }
-            None => self.set_state(id, TransferState::Reserved, out),
+            TransferState::Aborted(_) => drop(self.finish(id, state, at, out)),
+            _ => self.reserve_transfer(id, out),
         }
+        state
     }
 
     /// Checks that `source` may act on the transfer and that it is RESERVED and not yet expired (expiring
@@ -734,10 +794,10 @@ impl LedgerPartition {
         &mut self,
         id: TransferId,
         source: &str,
-        now_ms: u64,
+        at: &mut Context<'_>,
         out: &mut Output,
     ) -> Result<(), Refusal> {
-        let Some(transfer) = self.transfers.get(&id) else {
+        let Some(transfer) = self.lookup(id, at) else {
             return refuse(
                 ErrorCode::TransferNotFound,
                 format!("no transfer {id:032x}"),
@@ -750,9 +810,8 @@ impl LedgerPartition {
             );
         }
         match transfer.state {
-            TransferState::Reserved if transfer.spec.expiration_ms <= now_ms => {
-                self.set_state(id, TransferState::Aborted(AbortReason::Expired), out);
-                self.release(id, out);
+            TransferState::Reserved if transfer.spec.expiration_ms <= at.now_ms => {
+                self.abort_reserved(id, AbortReason::Expired, at, out);
                 refuse(ErrorCode::Expired, "the transfer expired")
             }
             TransferState::Reserved => Ok(()),
@@ -773,11 +832,12 @@ impl LedgerPartition {
         id: TransferId,
         source: &str,
         fulfilment: [u8; 32],
-        now_ms: u64,
+        at: &mut Context<'_>,
         out: &mut Output,
     ) -> Reply {
         // A repeated fulfil is answered with the outcome of the first.
-        if let Some(transfer) = self.transfers.get(&id)
+        if !self.transfers.contains_key(&id)
+            && let Some(transfer) = at.archive.get(id)
             && transfer.state == TransferState::Committed
             && transfer.spec.payee == source
         {
@@ -790,7 +850,7 @@ impl LedgerPartition {
                 })
             };
         }
-        if let Err(refusal) = self.reserved_for_payee(id, source, now_ms, out) {
+        if let Err(refusal) = self.reserved_for_payee(id, source, at, out) {
             return Reply::Refused(refusal);
         }
         let transfer = self.transfers.get_mut(&id).expect("checked above");
@@ -801,8 +861,7 @@ impl LedgerPartition {
             });
         }
         transfer.fulfilment = Some(fulfilment);
-        let spec = transfer.spec.clone();
-        self.set_state(id, TransferState::Committed, out);
+        let spec = self.finish(id, TransferState::Committed, at, out).spec;
         out.follow_ups.push((
             Owner::Participant(spec.payer.clone()),
             Command::CommitPayer {
@@ -822,32 +881,38 @@ impl LedgerPartition {
         Reply::Transfer(id, TransferState::Committed)
     }
 
-    fn reject(&mut self, id: TransferId, source: &str, now_ms: u64, out: &mut Output) -> Reply {
-        if let Some(transfer) = self.transfers.get(&id)
-            && transfer.state == TransferState::Aborted(AbortReason::Rejected)
+    fn reject(
+        &mut self,
+        id: TransferId,
+        source: &str,
+        at: &mut Context<'_>,
+        out: &mut Output,
+    ) -> Reply {
+        let rejected = TransferState::Aborted(AbortReason::Rejected);
+        if !self.transfers.contains_key(&id)
+            && let Some(transfer) = at.archive.get(id)
+            && transfer.state == rejected
             && transfer.spec.payee == source
         {
-            return Reply::Transfer(id, transfer.state);
+            return Reply::Transfer(id, rejected);
         }
-        if let Err(refusal) = self.reserved_for_payee(id, source, now_ms, out) {
+        if let Err(refusal) = self.reserved_for_payee(id, source, at, out) {
             return Reply::Refused(refusal);
         }
-        self.set_state(id, TransferState::Aborted(AbortReason::Rejected), out);
-        self.release(id, out);
-        Reply::Transfer(id, TransferState::Aborted(AbortReason::Rejected))
+        self.abort_reserved(id, AbortReason::Rejected, at, out);
+        Reply::Transfer(id, rejected)
     }
 
-    fn expire_due(&mut self, now_ms: u64, out: &mut Output) {
+    fn expire_due(&mut self, at: &mut Context<'_>, out: &mut Output) {
         let due: Vec<TransferId> = self
             .expiries
-            .range(..(now_ms + 1, 0))
+            .range(..(at.now_ms + 1, 0))
             .map(|&(_, id)| id)
             .collect();
         for id in due {
             // A RECEIVED transfer expires when its reservation answer arrives.
             if self.transfers[&id].state == TransferState::Reserved {
-                self.set_state(id, TransferState::Aborted(AbortReason::Expired), out);
-                self.release(id, out);
+                self.abort_reserved(id, AbortReason::Expired, at, out);
             }
         }
     }

@@ -27,14 +27,15 @@ use std::sync::{Arc, Mutex, RwLock};
 pub const APP_ID: spate_engine::AppId = 2;
 pub const APP_NAME: &str = "ledger";
 
-/// Transfers the ledger holds before it refuses new prepares (`--ledger-transfers-max`): about 10 GB
-/// at the ~500 bytes each one costs in memory, since nothing is archived yet.
-pub const TRANSFERS_MAX_DEFAULT: u64 = 20_000_000;
+/// Open transfers (RECEIVED or RESERVED) the ledger holds before it refuses new prepares
+/// (`--ledger-open-transfers-max`): about 5 GB at the ~500 bytes each costs in memory. Final transfers
+/// leave memory for the engine's archive.
+pub const OPEN_TRANSFERS_MAX_DEFAULT: u64 = 10_000_000;
 
-/// The ledger, refusing new prepares (2003, HTTP 503) once it holds `transfers_max` transfers: every
-/// transfer stays in memory, and a refusal is better than a process the kernel kills for memory and
-/// that then cannot replay its journal into the same memory.
-pub fn module(transfers_max: u64) -> AppModule {
+/// The ledger, refusing new prepares (2003, HTTP 503) while it holds `open_transfers_max` open
+/// transfers: a refusal is better than a process the kernel kills for memory and that then cannot
+/// replay its journal into the same memory.
+pub fn module(open_transfers_max: u64) -> AppModule {
     let model = Arc::new(RwLock::new(model::LedgerModel::default()));
     let waiters: model::Waiters = Arc::new(Mutex::new(Default::default()));
     let spec = AppSpec {
@@ -49,6 +50,8 @@ pub fn module(transfers_max: u64) -> AppModule {
     };
     AppModule {
         spec,
-        routes: Box::new(move |engine, _| Ok(http::routes(engine, model, waiters, transfers_max))),
+        routes: Box::new(move |engine, _| {
+            Ok(http::routes(engine, model, waiters, open_transfers_max))
+        }),
     }
 }

@@ -53,11 +53,6 @@ impl LedgerModel {
         }
     }
 
-    /// Every transfer prepared so far, whatever its state.
-    pub fn transfers_total(&self) -> u64 {
-        self.transfer_counts.iter().sum()
-    }
-
     pub fn transfers_in(&self, state: TransferState) -> u64 {
         self.transfer_counts[state_index(state)]
     }

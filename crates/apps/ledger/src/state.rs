@@ -1,7 +1,10 @@
 //! The ledger on the engine: commands, replies and events as postcard bytes, follow-ups routed by owner,
 //! and the partition's snapshot.
 
-use crate::domain::{Command, Context, Event, LedgerPartition, Owner, Reply, group_follow_ups};
+use crate::domain::{
+    Command, Context, Event, LedgerPartition, Owner, Reply, Transfer, TransferArchive, TransferId,
+    group_follow_ups,
+};
 use spate_engine::wire::{ReadLe, WriteLe};
 use spate_engine::{Effects, Origin, StateMachine};
 use std::io;
@@ -61,6 +64,30 @@ fn from_clients(command: &Command) -> bool {
     )
 }
 
+/// The key of an archived transfer: the same as its owner's.
+pub fn archive_key(id: TransferId) -> Vec<u8> {
+    owner_key(&Owner::Transfer(id))
+}
+
+/// An archived transfer, as the engine's archive holds it.
+pub fn decode_archived(bytes: &[u8]) -> Transfer {
+    decode(bytes).expect("the ledger archives only transfers it encoded")
+}
+
+/// The domain's archive of final transfers is the engine's, on this partition.
+struct EngineArchive<'e, 'a>(&'e mut Effects<'a>);
+
+impl TransferArchive for EngineArchive<'_, '_> {
+    fn put(&mut self, transfer: &Transfer) {
+        self.0
+            .archive(&archive_key(transfer.spec.id), &encode(transfer));
+    }
+
+    fn get(&self, id: TransferId) -> Option<Transfer> {
+        (self.0.archived(&archive_key(id))).map(|bytes| decode_archived(&bytes))
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct LedgerState {
     pub ledger: LedgerPartition,
@@ -92,14 +119,17 @@ impl StateMachine for LedgerState {
                 })
             }
             Ok(decoded) => {
-                let here_partition = effects.partition();
-                let here =
-                    |owner: &Owner| effects.partition_of(&owner_key(owner)) == here_partition;
-                let context = Context {
+                let (here_partition, partition_count) =
+                    (effects.partition(), effects.partition_count());
+                let here = |owner: &Owner| {
+                    spate_engine::partition_of(&owner_key(owner), partition_count) == here_partition
+                };
+                let mut context = Context {
                     now_ms: command.envelope.timestamp_ms,
                     here: &here,
+                    archive: &mut EngineArchive(effects),
                 };
-                let out = self.ledger.apply(decoded, &context);
+                let out = self.ledger.apply(decoded, &mut context);
                 for event in &out.events {
                     effects.emit(&encode::<Event>(event));
                 }

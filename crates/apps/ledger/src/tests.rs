@@ -5,7 +5,7 @@
 
 use crate::domain::{
     AbortReason, Amount, Command, Context, ErrorCode, Event, LedgerPartition, Output, Owner, Reply,
-    TransferId, TransferSpec, TransferState, group_follow_ups,
+    Transfer, TransferArchive, TransferId, TransferSpec, TransferState, group_follow_ups,
 };
 use proptest::prelude::*;
 use sha2::{Digest, Sha256};
@@ -82,8 +82,28 @@ fn single_op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// A partition's archive, in memory: the engine's is tested in the engine.
+#[derive(Default)]
+struct Archive(HashMap<TransferId, Transfer>);
+
+impl TransferArchive for Archive {
+    fn put(&mut self, transfer: &Transfer) {
+        assert!(
+            transfer.state.is_final(),
+            "only final transfers are archived"
+        );
+        let earlier = self.0.insert(transfer.spec.id, transfer.clone());
+        assert!(earlier.is_none(), "a transfer is archived once");
+    }
+
+    fn get(&self, id: TransferId) -> Option<Transfer> {
+        self.0.get(&id).cloned()
+    }
+}
+
 struct Sim {
     partitions: Vec<LedgerPartition>,
+    archives: Vec<Archive>,
     /// Follow-ups in flight, in order per (source, destination).
     lanes: BTreeMap<(usize, usize), VecDeque<Command>>,
     now_ms: u64,
@@ -105,6 +125,7 @@ impl Sim {
             partitions: (0..PARTITIONS)
                 .map(|_| LedgerPartition::default())
                 .collect(),
+            archives: (0..PARTITIONS).map(|_| Archive::default()).collect(),
             lanes: BTreeMap::new(),
             now_ms: 1_000,
             history: HashMap::new(),
@@ -127,11 +148,12 @@ impl Sim {
     /// that partition holds.
     fn apply_at(&mut self, at: usize, command: Command) -> Output {
         let here = |owner: &Owner| partition_of(owner) == at;
-        let context = Context {
+        let mut context = Context {
             now_ms: self.now_ms,
             here: &here,
+            archive: &mut self.archives[at],
         };
-        self.partitions[at].apply(command, &context)
+        self.partitions[at].apply(command, &mut context)
     }
 
     fn apply(&mut self, owner: &Owner, command: Command) -> Reply {
@@ -356,11 +378,25 @@ impl Sim {
         }
     }
 
+    /// The state of a prepared transfer: open in its partition's memory, or final in its archive,
+    /// never both.
     fn state_of(&self, id: TransferId) -> TransferState {
-        self.partitions[partition_of(&Owner::Transfer(id))]
-            .transfer(id)
-            .expect("prepared")
-            .state
+        let at = partition_of(&Owner::Transfer(id));
+        match (
+            self.partitions[at].open_transfer(id),
+            self.archives[at].get(id),
+        ) {
+            (Some(open), None) => {
+                assert!(!open.state.is_final(), "a final transfer leaves memory");
+                open.state
+            }
+            (None, Some(archived)) => archived.state,
+            (open, archived) => panic!(
+                "transfer {id:x} open: {}, archived: {}",
+                open.is_some(),
+                archived.is_some()
+            ),
+        }
     }
 
     fn participant(&self, name: &str) -> &crate::domain::Participant {

@@ -185,13 +185,13 @@ fn cents_of(text: &Value) -> i64 {
 }
 
 /// Checks the ledger at `base` after a crash: every acknowledged transfer is in its acknowledged state
-/// (or further along), and once every follow-up has landed, each FSP's position is exactly its
+/// (or further along) and a second prepare of it is refused, and once every follow-up has landed, each FSP's position is exactly its
 /// committed transfers, its reservations at least its acknowledged reserved ones, and positions sum
 /// to zero. `label` names the run.
 pub fn check_transfers(base: &str, acked: &[AckedTransfer], label: &str) {
     let agent = agent();
     let mut states = std::collections::HashMap::new();
-    for (n, state, ..) in acked {
+    for (n, state, payer, payee, cents) in acked {
         let url = format!("{base}/transfers/{}", transfer_id(*n));
         let (status, body) = retry_while_moving(|| get(&agent, &url));
         assert_eq!(status, 200, "{label}: transfer {n}: {body}");
@@ -204,6 +204,19 @@ pub fn check_transfers(base: &str, acked: &[AckedTransfer], label: &str) {
             ),
         }
         states.insert(*n, now);
+        // A second prepare of the same id (its expiration differs, so its content does) is refused
+        // as a modified duplicate, however long ago the first left memory: never a second transfer.
+        let dollars = (*cents / 100).to_string();
+        let again = prepare_body(*n, payer, payee, &dollars, 600_000);
+        let url = format!("{base}/transfers");
+        let (status, body) = retry_while_moving(|| {
+            send(&agent, "POST", &url, None, Some(&again)).expect("answered")
+        });
+        assert_eq!(
+            (status, &body["error"]["code"]),
+            (409, &json!("3106")),
+            "{label}: a second prepare of transfer {n}: {body}"
+        );
     }
     // Positions move in follow-ups on the payee's partition: wait until they sum to zero.
     let summed = eventually(Duration::from_secs(30), || {

@@ -142,7 +142,7 @@ pub(super) async fn batch(State(ledger): Ctx, body: Bytes) -> Result<Response, A
             };
             let command = match command {
                 Command::Prepare(spec) => {
-                    match prepare_command(&model, ledger.transfers_max, spec) {
+                    match prepare_command(&model, ledger.open_transfers_max, spec) {
                         Ok(command) => {
                             prepared.push((slot, id));
                             command

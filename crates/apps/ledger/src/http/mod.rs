@@ -17,7 +17,7 @@ use crate::domain::{
     TransferState,
 };
 use crate::model::{LedgerModel, Waiters};
-use crate::state::{LedgerState, decode, encode, owner_key};
+use crate::state::{LedgerState, archive_key, decode, decode_archived, encode, owner_key};
 use crate::{APP_ID, domain::Owner};
 use axum::Router;
 use axum::body::Bytes;
@@ -49,8 +49,8 @@ struct Ledger {
     engine: EngineHandle,
     model: Arc<RwLock<LedgerModel>>,
     waiters: Waiters,
-    /// New prepares are refused once the read model counts this many transfers.
-    transfers_max: u64,
+    /// New prepares are refused while the read model counts this many open transfers.
+    open_transfers_max: u64,
 }
 
 type Ctx = State<Arc<Ledger>>;
@@ -91,20 +91,20 @@ impl Ledger {
     }
 }
 
-/// The command for a new prepare, or the refusal when the ledger is full. The count comes from the read
-/// model, which may lag by a group commit, so the limit can be passed by what is in flight: it guards
-/// memory, not an exact figure.
+/// The command for a new prepare, or the refusal when the ledger holds its maximum of open transfers,
+/// which stay in memory until they are final. The count comes from the read model, which may lag by a
+/// group commit, so the limit can be passed by what is in flight: it guards memory, not an exact figure.
 fn prepare_command(
     model: &LedgerModel,
-    transfers_max: u64,
+    open_transfers_max: u64,
     spec: TransferSpec,
 ) -> Result<Command, ApiError> {
-    if model.transfers_total() >= transfers_max {
+    if model.open_transfers.len() as u64 >= open_transfers_max {
         return Err(refusal_error(Refusal {
             code: ErrorCode::ServiceUnavailable,
             message: format!(
-                "the ledger holds its maximum of {transfers_max} transfers (--ledger-transfers-max); \
-                 every transfer stays in memory, nothing is archived yet"
+                "the ledger holds its maximum of {open_transfers_max} open transfers \
+                 (--ledger-open-transfers-max); retry once some are committed, aborted or expired"
             ),
         }));
     }
@@ -442,7 +442,7 @@ async fn prepare(State(ledger): Ctx, body: Bytes) -> Result<Response, ApiError> 
             .model
             .read()
             .expect("the ledger model lock is never poisoned"),
-        ledger.transfers_max,
+        ledger.open_transfers_max,
         spec,
     )?;
     match ledger.submit(&Owner::Transfer(id), &command).await? {
@@ -541,11 +541,26 @@ async fn error_callback(
 
 async fn get_transfer(State(ledger): Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
     let id = parse_transfer_id(&id)?;
+    let partition = ledger.engine.partition_of(&archive_key(id));
     let found = ledger
-        .read(&Owner::Transfer(id), move |state| {
-            state.ledger.transfer(id).cloned()
-        })
-        .await?;
+        .engine
+        .query_archive(
+            partition,
+            APP_ID,
+            move |state: &LedgerState, archive| match state.ledger.open_transfer(id) {
+                Some(open) => Ok(Some(open.clone())),
+                None => (archive.get(&archive_key(id)))
+                    .map(|archived| archived.map(|bytes| decode_archived(&bytes))),
+            },
+        )
+        .await?
+        .map_err(|error| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "archive",
+                error.to_string(),
+            )
+        })?;
     let transfer = found.ok_or_else(|| {
         refusal_error(Refusal {
             code: ErrorCode::TransferNotFound,
@@ -579,7 +594,7 @@ pub(crate) fn routes(
     engine: EngineHandle,
     model: Arc<RwLock<LedgerModel>>,
     waiters: Waiters,
-    transfers_max: u64,
+    open_transfers_max: u64,
 ) -> Router {
     // Tells every partition the time, so due transfers expire without traffic; only while some are
     // RESERVED.
@@ -601,7 +616,7 @@ pub(crate) fn routes(
         engine,
         model,
         waiters,
-        transfers_max,
+        open_transfers_max,
     });
     Router::new()
         .route(

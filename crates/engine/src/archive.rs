@@ -1,0 +1,374 @@
+//! The archive: records an app declared final, moved out of its memory and still answerable by key
+//! (see ARCHITECTURE.md, "Archive").
+//!
+//! A record enters the archive at the LSN of the command that archived it, first in `pending`, in
+//! memory. Once that command is durable, the writer thread puts the record in the store, a fjall
+//! keyspace per partition on disk, and the partition drops it from `pending`. A record is looked up in
+//! `pending`, then in the store, and only counts if it was archived before the command asking: after
+//! a crash, the store may hold records that replay of the journal has yet to reach again.
+//!
+//! Without a store (a cluster node, whose partitions move between nodes with their snapshots) every
+//! record stays in `pending`, which snapshots hold whole.
+
+use crate::AppId;
+use crate::journal::Lsn;
+use crate::wire::{ReadLe, WriteLe};
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Bytes shared between the archive's memory and the batch taking them to the store.
+type Bytes = Arc<[u8]>;
+
+/// A record archived by a command, on its way to the store.
+#[derive(Debug, Clone)]
+pub(crate) struct ArchivedRecord {
+    pub lsn: Lsn,
+    /// The app's id, then the app's key.
+    pub key: Arc<[u8]>,
+    pub value: Arc<[u8]>,
+}
+
+/// The archive's bytes must not be served if the disk damaged them: fjall checks every block it reads.
+#[derive(Debug, thiserror::Error)]
+#[error("the archive store failed: {0}")]
+pub struct ArchiveError(#[from] fjall::Error);
+
+/// The node's archive database, in `<data dir>/archive`: one keyspace per partition.
+#[derive(Clone)]
+pub(crate) struct ArchiveDatabase {
+    db: fjall::Database,
+}
+
+impl ArchiveDatabase {
+    pub fn open(dir: &Path, cache_bytes: u64) -> Result<Self, ArchiveError> {
+        // Persisted by hand before a snapshot that relies on it is published: what was stored since
+        // and lost in a crash is archived again by replay.
+        let db = fjall::Database::builder(dir)
+            .cache_size(cache_bytes)
+            .manual_journal_persist(true)
+            .open()?;
+        Ok(Self { db })
+    }
+
+    pub fn partition(&self, partition: crate::PartitionId) -> Result<ArchiveStore, ArchiveError> {
+        let keyspace = self
+            .db
+            .keyspace(&format!("p{partition:03}"), Default::default)?;
+        Ok(ArchiveStore {
+            db: self.db.clone(),
+            keyspace,
+        })
+    }
+}
+
+/// One partition's part of the archive on disk. Values are the archiving LSN then the app's bytes.
+#[derive(Clone)]
+pub(crate) struct ArchiveStore {
+    db: fjall::Database,
+    keyspace: fjall::Keyspace,
+}
+
+impl ArchiveStore {
+    fn get(&self, key: &[u8]) -> Result<Option<(Lsn, fjall::Slice)>, ArchiveError> {
+        let Some(stored) = self.keyspace.get(key)? else {
+            return Ok(None);
+        };
+        let lsn = stored
+            .get(..8)
+            .map(|bytes| Lsn::from_le_bytes(bytes.try_into().expect("8 bytes")))
+            .ok_or_else(|| {
+                fjall::Error::from(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "an archived value shorter than its LSN",
+                ))
+            })?;
+        Ok(Some((lsn, stored)))
+    }
+
+    /// Stores `records` in one write; not yet synced (see [`Self::persist`]).
+    pub fn put_all(&self, records: &[ArchivedRecord]) -> Result<(), ArchiveError> {
+        let mut batch = self.db.batch();
+        for record in records {
+            let mut value = Vec::with_capacity(8 + record.value.len());
+            value.extend_from_slice(&record.lsn.to_le_bytes());
+            value.extend_from_slice(&record.value);
+            batch.insert(&self.keyspace, &*record.key, value);
+        }
+        Ok(batch.commit()?)
+    }
+
+    /// Makes every record stored so far survive a crash.
+    pub fn persist(&self) -> Result<(), ArchiveError> {
+        Ok(self.db.persist(fjall::PersistMode::SyncAll)?)
+    }
+}
+
+/// One partition's archive: the records not yet in the store, and the store.
+pub(crate) struct Archive {
+    /// By full key (app, then the app's key): the archiving LSN and the value.
+    pending: HashMap<Arc<[u8]>, (Lsn, Bytes)>,
+    /// The keys in `pending`, in archiving order; with a store only.
+    order: VecDeque<(Lsn, Arc<[u8]>)>,
+    /// Archived by the last applies, for the partition thread to hand to the writer with their batch;
+    /// with a store only.
+    outbox: Vec<ArchivedRecord>,
+    store: Option<ArchiveStore>,
+}
+
+fn full_key(app: AppId, key: &[u8]) -> Arc<[u8]> {
+    let mut full = Vec::with_capacity(1 + key.len());
+    full.push(app);
+    full.extend_from_slice(key);
+    full.into()
+}
+
+impl Archive {
+    pub fn new(store: Option<ArchiveStore>) -> Self {
+        Self {
+            pending: HashMap::new(),
+            order: VecDeque::new(),
+            outbox: Vec::new(),
+            store,
+        }
+    }
+
+    pub fn store(&self) -> Option<&ArchiveStore> {
+        self.store.as_ref()
+    }
+
+    /// Archives `value` under `key` at `lsn`. A key is archived at most once: an archived record is
+    /// final, and lookups during replay rely on it never being replaced.
+    pub fn put(&mut self, app: AppId, lsn: Lsn, key: &[u8], value: &[u8]) {
+        let key = full_key(app, key);
+        let value: Arc<[u8]> = value.into();
+        let earlier = self.pending.insert(key.clone(), (lsn, value.clone()));
+        debug_assert!(earlier.is_none(), "a key is archived at most once");
+        if self.store.is_some() {
+            self.order.push_back((lsn, key.clone()));
+            self.outbox.push(ArchivedRecord { lsn, key, value });
+        }
+    }
+
+    /// The value archived under `key` by the command at `as_of` (so far) or one before it.
+    pub fn get(&self, app: AppId, key: &[u8], as_of: Lsn) -> Result<Option<Vec<u8>>, ArchiveError> {
+        let key = full_key(app, key);
+        if let Some((lsn, value)) = self.pending.get(&key) {
+            debug_assert!(*lsn <= as_of, "pending holds only what was applied");
+            return Ok(Some(value.to_vec()));
+        }
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
+        Ok(match store.get(&key)? {
+            Some((lsn, stored)) if lsn < as_of => Some(stored[8..].to_vec()),
+            // Stored before a crash by a command that replay has not reached again (or is applying,
+            // and has not archived it yet: then it would be in `pending`).
+            _ => None,
+        })
+    }
+
+    /// Moves the records archived since the last call to `batch`, for the writer to store once they
+    /// are durable.
+    pub fn move_outbox_into(&mut self, batch: &mut Vec<ArchivedRecord>) {
+        batch.append(&mut self.outbox);
+    }
+
+    /// Drops from memory what the writer has stored: every record archived before `stored_lsn`.
+    pub fn forget_stored(&mut self, stored_lsn: Lsn) {
+        while let Some((lsn, _)) = self.order.front()
+            && *lsn < stored_lsn
+        {
+            let (lsn, key) = self.order.pop_front().expect("just seen");
+            if self.pending.get(&key).is_some_and(|(at, _)| *at == lsn) {
+                self.pending.remove(&key);
+            }
+        }
+    }
+
+    /// After recovery: stores what replay archived again (all of it durable, since it came from the
+    /// journal) and what the restored snapshot held pending.
+    pub fn store_recovered(&mut self) -> Result<(), ArchiveError> {
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        let records: Vec<ArchivedRecord> = self
+            .order
+            .iter()
+            .map(|(lsn, key)| ArchivedRecord {
+                lsn: *lsn,
+                key: key.clone(),
+                value: self.pending[key].1.clone(),
+            })
+            .collect();
+        store.put_all(&records)?;
+        self.pending.clear();
+        self.order.clear();
+        self.outbox.clear();
+        Ok(())
+    }
+
+    /// Records in memory: not yet stored, or all of them without a store.
+    pub fn pending_count(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Writes what is not in the store yet, for a snapshot: the store holds the rest once persisted.
+    pub fn write_pending(&self, out: &mut dyn io::Write) -> io::Result<()> {
+        out.write_u64_le(self.pending.len() as u64)?;
+        for (key, (lsn, value)) in &self.pending {
+            out.write_u64_le(*lsn)?;
+            out.write_bytes_le(key)?;
+            out.write_bytes_le(value)?;
+        }
+        Ok(())
+    }
+
+    /// Reads what [`Self::write_pending`] wrote.
+    pub fn restore_pending(&mut self, input: &mut dyn io::Read) -> io::Result<()> {
+        let count = input.read_u64_le()?;
+        let mut records = Vec::new();
+        for _ in 0..count {
+            let lsn = input.read_u64_le()?;
+            let key: Arc<[u8]> = input.read_bytes_le(crate::record::RECORD_BYTES_MAX)?.into();
+            let value: Arc<[u8]> = input.read_bytes_le(crate::record::RECORD_BYTES_MAX)?.into();
+            records.push((lsn, key, value));
+        }
+        records.sort_by_key(|(lsn, _, _)| *lsn);
+        self.pending.clear();
+        self.order.clear();
+        for (lsn, key, value) in records {
+            if self.store.is_some() {
+                self.order.push_back((lsn, key.clone()));
+            }
+            self.pending.insert(key, (lsn, value));
+        }
+        Ok(())
+    }
+}
+
+/// A read of one app's archive as of the moment a query runs on its partition.
+pub struct ArchiveReader<'a> {
+    pub(crate) archive: &'a Archive,
+    pub(crate) app: AppId,
+    pub(crate) as_of: Lsn,
+}
+
+impl ArchiveReader<'_> {
+    /// The value the app archived under `key`, if any.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ArchiveError> {
+        self.archive.get(self.app, key, self.as_of)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const APP: AppId = 3;
+
+    fn database(dir: &Path) -> ArchiveDatabase {
+        ArchiveDatabase::open(dir, 1 << 20).unwrap()
+    }
+
+    /// Hands the outbox to the store as the writer does once the batch is durable, then forgets.
+    fn store_all(archive: &mut Archive, durable_lsn: Lsn) {
+        let mut batch = Vec::new();
+        archive.move_outbox_into(&mut batch);
+        archive.store().unwrap().put_all(&batch).unwrap();
+        archive.forget_stored(durable_lsn);
+    }
+
+    #[test]
+    fn a_record_is_found_in_memory_then_in_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut archive = Archive::new(Some(database(dir.path()).partition(0).unwrap()));
+        archive.put(APP, 5, b"k", b"v");
+        assert_eq!(
+            archive.get(APP, b"k", 6).unwrap().as_deref(),
+            Some(&b"v"[..])
+        );
+        assert_eq!(
+            archive.get(APP + 1, b"k", 6).unwrap(),
+            None,
+            "apps have keys of their own"
+        );
+        store_all(&mut archive, 6);
+        assert_eq!(archive.pending_count(), 0);
+        assert_eq!(
+            archive.get(APP, b"k", 6).unwrap().as_deref(),
+            Some(&b"v"[..])
+        );
+    }
+
+    #[test]
+    fn a_record_stored_by_a_later_command_is_not_seen_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = database(dir.path()).partition(1).unwrap();
+        let mut before_crash = Archive::new(Some(store.clone()));
+        before_crash.put(APP, 10, b"k", b"v");
+        store_all(&mut before_crash, 11);
+        // Recovery from a snapshot taken at LSN 5 replays LSN 5 to 10 against the same store.
+        let replaying = Archive::new(Some(store));
+        assert_eq!(replaying.get(APP, b"k", 7).unwrap(), None);
+        assert_eq!(replaying.get(APP, b"k", 10).unwrap(), None);
+        assert_eq!(
+            replaying.get(APP, b"k", 11).unwrap().as_deref(),
+            Some(&b"v"[..])
+        );
+    }
+
+    #[test]
+    fn only_records_the_writer_stored_are_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut archive = Archive::new(Some(database(dir.path()).partition(0).unwrap()));
+        archive.put(APP, 1, b"a", b"1");
+        let mut first = Vec::new();
+        archive.move_outbox_into(&mut first);
+        archive.put(APP, 2, b"b", b"2");
+        archive.store().unwrap().put_all(&first).unwrap();
+        archive.forget_stored(2);
+        assert_eq!(archive.pending_count(), 1, "b is not stored yet");
+        assert!(archive.get(APP, b"b", 3).unwrap().is_some());
+    }
+
+    #[test]
+    fn pending_records_survive_a_snapshot_and_are_stored_after_recovery() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = database(dir.path()).partition(0).unwrap();
+        let mut archive = Archive::new(Some(store.clone()));
+        archive.put(APP, 1, b"a", b"1");
+        archive.put(APP, 2, b"b", b"2");
+        let mut snapshot = Vec::new();
+        archive.write_pending(&mut snapshot).unwrap();
+        let mut restored = Archive::new(Some(store.clone()));
+        restored.restore_pending(&mut &snapshot[..]).unwrap();
+        assert_eq!(restored.pending_count(), 2);
+        restored.store_recovered().unwrap();
+        assert_eq!(restored.pending_count(), 0);
+        let fresh = Archive::new(Some(store));
+        assert_eq!(fresh.get(APP, b"a", 3).unwrap().as_deref(), Some(&b"1"[..]));
+        assert_eq!(fresh.get(APP, b"b", 3).unwrap().as_deref(), Some(&b"2"[..]));
+    }
+
+    #[test]
+    fn without_a_store_everything_stays_in_memory_and_in_snapshots() {
+        let mut archive = Archive::new(None);
+        archive.put(APP, 1, b"a", b"1");
+        let mut batch = Vec::new();
+        archive.move_outbox_into(&mut batch);
+        assert!(batch.is_empty(), "nothing goes to a writer");
+        archive.forget_stored(u64::MAX);
+        assert_eq!(archive.pending_count(), 1);
+        let mut snapshot = Vec::new();
+        archive.write_pending(&mut snapshot).unwrap();
+        let mut restored = Archive::new(None);
+        restored.restore_pending(&mut &snapshot[..]).unwrap();
+        restored.store_recovered().unwrap();
+        assert_eq!(
+            restored.get(APP, b"a", 2).unwrap().as_deref(),
+            Some(&b"1"[..])
+        );
+    }
+}
