@@ -21,6 +21,9 @@ use std::sync::Arc;
 /// Bytes shared between the archive's memory and the batch taking them to the store.
 type Bytes = Arc<[u8]>;
 
+/// A key no app's can be (app ids are below 64), holding [`ArchiveStore::stored_through`].
+const STORED_THROUGH_KEY: &[u8] = b"\xffstored_through";
+
 /// A record archived by a command, on its way to the store.
 #[derive(Debug, Clone)]
 pub(crate) struct ArchivedRecord {
@@ -30,10 +33,18 @@ pub(crate) struct ArchivedRecord {
     pub value: Arc<[u8]>,
 }
 
-/// The archive's bytes must not be served if the disk damaged them: fjall checks every block it reads.
+/// The archive's bytes must not be served if the disk damaged them: fjall checks every block it reads,
+/// and start-up checks that the store still holds what the restored snapshot left to it.
 #[derive(Debug, thiserror::Error)]
-#[error("the archive store failed: {0}")]
-pub struct ArchiveError(#[from] fjall::Error);
+pub enum ArchiveError {
+    #[error("the archive store failed: {0}")]
+    Store(#[from] fjall::Error),
+    #[error(
+        "the archive store lost records (damaged or replaced): it holds records archived before LSN \
+         {stored_through}, and the snapshot relies on it for every record archived before LSN {needed}"
+    )]
+    Lost { stored_through: Lsn, needed: Lsn },
+}
 
 /// The node's archive database, in `<data dir>/archive`: one keyspace per partition.
 #[derive(Clone)]
@@ -64,6 +75,8 @@ impl ArchiveDatabase {
 }
 
 /// One partition's part of the archive on disk. Values are the archiving LSN then the app's bytes.
+/// Each write also updates [`STORED_THROUGH_KEY`], which a store that lost its newest writes (a
+/// damaged journal that fjall's recovery cut short) is caught by.
 #[derive(Clone)]
 pub(crate) struct ArchiveStore {
     db: fjall::Database,
@@ -87,8 +100,11 @@ impl ArchiveStore {
         Ok(Some((lsn, stored)))
     }
 
-    /// Stores `records` in one write; not yet synced (see [`Self::persist`]).
+    /// Stores `records`, in LSN order, in one write; not yet synced (see [`Self::persist`]).
     pub fn put_all(&self, records: &[ArchivedRecord]) -> Result<(), ArchiveError> {
+        let Some(last) = records.last() else {
+            return Ok(());
+        };
         let mut batch = self.db.batch();
         for record in records {
             let mut value = Vec::with_capacity(8 + record.value.len());
@@ -96,7 +112,21 @@ impl ArchiveStore {
             value.extend_from_slice(&record.value);
             batch.insert(&self.keyspace, &*record.key, value);
         }
+        let stored_through = last.lsn + 1;
+        batch.insert(
+            &self.keyspace,
+            STORED_THROUGH_KEY,
+            stored_through.to_le_bytes(),
+        );
         Ok(batch.commit()?)
+    }
+
+    /// Every record archived before this LSN and handed to [`Self::put_all`] is stored.
+    fn stored_through(&self) -> Result<Lsn, ArchiveError> {
+        Ok(match self.get(STORED_THROUGH_KEY)? {
+            Some((lsn, _)) => lsn,
+            None => 0,
+        })
     }
 
     /// Makes every record stored so far survive a crash.
@@ -115,6 +145,9 @@ pub(crate) struct Archive {
     /// with a store only.
     outbox: Vec<ArchivedRecord>,
     store: Option<ArchiveStore>,
+    /// Every record archived before this LSN is in the store, not in memory: what the store must
+    /// hold for a snapshot of this archive.
+    forgotten_through: Lsn,
 }
 
 fn full_key(app: AppId, key: &[u8]) -> Arc<[u8]> {
@@ -131,6 +164,7 @@ impl Archive {
             order: VecDeque::new(),
             outbox: Vec::new(),
             store,
+            forgotten_through: 0,
         }
     }
 
@@ -184,6 +218,7 @@ impl Archive {
             if self.pending.get(&key).is_some_and(|(at, _)| *at == lsn) {
                 self.pending.remove(&key);
             }
+            self.forgotten_through = lsn + 1;
         }
     }
 
@@ -203,6 +238,9 @@ impl Archive {
             })
             .collect();
         store.put_all(&records)?;
+        if let Some(last) = records.last() {
+            self.forgotten_through = last.lsn + 1;
+        }
         self.pending.clear();
         self.order.clear();
         self.outbox.clear();
@@ -214,8 +252,25 @@ impl Archive {
         self.pending.len()
     }
 
-    /// Writes what is not in the store yet, for a snapshot: the store holds the rest once persisted.
-    pub fn write_pending(&self, out: &mut dyn io::Write) -> io::Result<()> {
+    /// After a snapshot is restored: fails if the store lost records the snapshot left to it.
+    pub fn check_store(&self) -> Result<(), ArchiveError> {
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        let stored_through = store.stored_through()?;
+        if stored_through < self.forgotten_through {
+            return Err(ArchiveError::Lost {
+                stored_through,
+                needed: self.forgotten_through,
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes the archive for a snapshot: what is not in the store yet, and how far the store must
+    /// reach; the store holds the rest once persisted.
+    pub fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
+        out.write_u64_le(self.forgotten_through)?;
         out.write_u64_le(self.pending.len() as u64)?;
         for (key, (lsn, value)) in &self.pending {
             out.write_u64_le(*lsn)?;
@@ -225,8 +280,9 @@ impl Archive {
         Ok(())
     }
 
-    /// Reads what [`Self::write_pending`] wrote.
-    pub fn restore_pending(&mut self, input: &mut dyn io::Read) -> io::Result<()> {
+    /// Reads what [`Self::write_snapshot`] wrote.
+    pub fn restore_snapshot(&mut self, input: &mut dyn io::Read) -> io::Result<()> {
+        self.forgotten_through = input.read_u64_le()?;
         let count = input.read_u64_le()?;
         let mut records = Vec::new();
         for _ in 0..count {
@@ -341,15 +397,37 @@ mod tests {
         archive.put(APP, 1, b"a", b"1");
         archive.put(APP, 2, b"b", b"2");
         let mut snapshot = Vec::new();
-        archive.write_pending(&mut snapshot).unwrap();
+        archive.write_snapshot(&mut snapshot).unwrap();
         let mut restored = Archive::new(Some(store.clone()));
-        restored.restore_pending(&mut &snapshot[..]).unwrap();
+        restored.restore_snapshot(&mut &snapshot[..]).unwrap();
         assert_eq!(restored.pending_count(), 2);
         restored.store_recovered().unwrap();
         assert_eq!(restored.pending_count(), 0);
         let fresh = Archive::new(Some(store));
         assert_eq!(fresh.get(APP, b"a", 3).unwrap().as_deref(), Some(&b"1"[..]));
         assert_eq!(fresh.get(APP, b"b", 3).unwrap().as_deref(), Some(&b"2"[..]));
+    }
+
+    #[test]
+    fn a_store_missing_what_a_snapshot_relies_on_is_refused() {
+        let (dir, other) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut archive = Archive::new(Some(database(dir.path()).partition(0).unwrap()));
+        archive.put(APP, 1, b"a", b"1");
+        archive.put(APP, 4, b"b", b"2");
+        store_all(&mut archive, 5);
+        let mut snapshot = Vec::new();
+        archive.write_snapshot(&mut snapshot).unwrap();
+        let mut restored = Archive::new(archive.store().cloned());
+        restored.restore_snapshot(&mut &snapshot[..]).unwrap();
+        restored.check_store().unwrap();
+        // The same snapshot over a store that never got those records (or lost them).
+        let mut elsewhere = Archive::new(Some(database(other.path()).partition(0).unwrap()));
+        elsewhere.restore_snapshot(&mut &snapshot[..]).unwrap();
+        let error = elsewhere.check_store().unwrap_err().to_string();
+        assert!(
+            error.contains("before LSN 0") && error.contains("before LSN 5"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -362,9 +440,9 @@ mod tests {
         archive.forget_stored(u64::MAX);
         assert_eq!(archive.pending_count(), 1);
         let mut snapshot = Vec::new();
-        archive.write_pending(&mut snapshot).unwrap();
+        archive.write_snapshot(&mut snapshot).unwrap();
         let mut restored = Archive::new(None);
-        restored.restore_pending(&mut &snapshot[..]).unwrap();
+        restored.restore_snapshot(&mut &snapshot[..]).unwrap();
         restored.store_recovered().unwrap();
         assert_eq!(
             restored.get(APP, b"a", 2).unwrap().as_deref(),

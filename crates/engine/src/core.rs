@@ -266,7 +266,7 @@ impl Core {
                 out.write_bytes_le(&follow_up.payload)?;
             }
         }
-        self.archive.write_pending(out)
+        self.archive.write_snapshot(out)
     }
 
     /// Reads what [`Self::write_bookkeeping`] wrote; a snapshot of format 1 also holds the idempotency
@@ -299,7 +299,7 @@ impl Core {
             }
         }
         if format_version >= 3 {
-            self.archive.restore_pending(input)?;
+            self.archive.restore_snapshot(input)?;
         }
         Ok(())
     }

@@ -119,6 +119,13 @@ pub(crate) fn recover_partition(
         });
         match loaded {
             Ok(()) if core.next_lsn == lsn => {
+                // An older snapshot would not help: it relies on the store for older records.
+                core.archive.check_store().map_err(|error| {
+                    StartError::Unrecoverable(format!(
+                        "partition {partition}, snapshot {}: {error}",
+                        path.display()
+                    ))
+                })?;
                 restored = Some(core);
                 break;
             }

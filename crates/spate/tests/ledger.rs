@@ -591,3 +591,78 @@ fn a_ledger_at_its_open_transfer_limit_refuses_new_prepares_until_some_are_final
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["transferState"], "COMMITTED", "{body}");
 }
+
+/// A ledger with 50 committed transfers, archived; stopped cleanly.
+fn stopped_ledger_with_an_archive() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path());
+    let (agent, base) = (agent(), server.base.clone());
+    create(&agent, &base, "dfspa", "100000");
+    create(&agent, &base, "dfspb", "100000");
+    for n in 1..=50 {
+        let url = format!("{base}/transfers");
+        let (status, body) = post(
+            &agent,
+            &url,
+            &prepare_body(n, "dfspa", "dfspb", "1", 60_000),
+        );
+        assert_eq!(status, 201, "{body}");
+        let url = format!("{base}/transfers/{}", transfer_id(n));
+        let (status, body) = put(&agent, &url, "dfspb", &fulfil_body(n));
+        assert_eq!(status, 200, "{body}");
+    }
+    assert!(server.terminate().success());
+    dir
+}
+
+/// Runs `spate serve` on `dir`, which must refuse to start: its exit status and log.
+fn refused_start_up(dir: &std::path::Path) -> (std::process::ExitStatus, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_spate"))
+        .args(["serve", "--apps", "ledger", "--listen", "127.0.0.1:0"])
+        .args(["--fraud-stream-listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let exited = eventually(Duration::from_secs(30), || {
+        child.try_wait().unwrap().is_some()
+    });
+    if !exited {
+        child.kill().unwrap();
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(exited, "the server started");
+    (
+        output.status,
+        String::from_utf8_lossy(&output.stderr).into(),
+    )
+}
+
+#[test]
+fn an_archive_store_that_lost_records_is_refused_at_start_up() {
+    // The archive's records sit in fjall's journal until its memtable is flushed to a table. A flipped
+    // byte or a cut there, unless fjall's recovery fails outright, makes it stop early and lose the
+    // records after it: found missing against what the restored snapshot relies on.
+    type Damage = fn(&mut Vec<u8>, usize);
+    let damages: [(&str, Damage); 2] = [
+        ("a flipped byte", |bytes, used| bytes[used / 2] ^= 0x20),
+        ("a truncated file", |bytes, used| bytes.truncate(used / 2)),
+    ];
+    for (damage, apply) in damages {
+        let dir = stopped_ledger_with_an_archive();
+        let journal = dir.path().join("archive/0.jnl");
+        let mut bytes = std::fs::read(&journal).unwrap();
+        let used = bytes.iter().rposition(|b| *b != 0).unwrap();
+        apply(&mut bytes, used);
+        std::fs::write(&journal, &bytes).unwrap();
+        let (status, log) = refused_start_up(dir.path());
+        assert!(!status.success(), "{damage}: {log}");
+        // Either fjall's recovery fails, or it cuts the journal short and spate sees records missing.
+        assert!(
+            log.contains("the archive store failed") || log.contains("archive store lost records"),
+            "{damage}: {log}"
+        );
+    }
+}
