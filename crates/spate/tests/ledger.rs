@@ -592,6 +592,85 @@ fn a_ledger_at_its_open_transfer_limit_refuses_new_prepares_until_some_are_final
     assert_eq!(body["transferState"], "COMMITTED", "{body}");
 }
 
+#[test]
+fn transfers_and_entries_long_out_of_memory_are_answered_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path());
+    let (agent, base) = (agent(), server.base.clone());
+    create(&agent, &base, "dfspa", "1000000");
+    create(&agent, &base, "dfspb", "1000000");
+    // More than a chunk of the payer's entry log (4,096 entries), so full chunks go to the archive.
+    let count = 5_000u64;
+    let batch_url = format!("{base}/transfers/batch");
+    let prepares: Vec<Value> = (1..=count)
+        .map(|n| json!({"prepare": prepare_body(n, "dfspa", "dfspb", "1", 600_000)}))
+        .collect();
+    let (status, body) = post(&agent, &batch_url, &json!({"operations": prepares}));
+    assert_eq!(status, 200, "{body}");
+    let fulfils: Vec<Value> = (1..=count)
+        .map(|n| json!({"fulfil": {"transferId": transfer_id(n), "source": "dfspb", "fulfilment": b64(&fulfilment(n))}}))
+        .collect();
+    let (status, body) = post(&agent, &batch_url, &json!({"operations": fulfils}));
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["transferState"] == "COMMITTED"),
+        "{body}"
+    );
+    let payer = || participant(&agent, &base, "dfspa");
+    assert!(
+        eventually(Duration::from_secs(10), || payer()["position"] == "5000"),
+        "{}",
+        payer()
+    );
+    assert!(server.terminate().success());
+
+    let server = start(dir.path());
+    let base = server.base.clone();
+    let metrics = support::metrics_text(&agent, &base);
+    let in_memory: Vec<&str> = metrics
+        .lines()
+        .filter(|line| line.starts_with("spate_archive_memory_records{"))
+        .collect();
+    assert!(
+        !in_memory.is_empty() && in_memory.iter().all(|line| line.ends_with(" 0")),
+        "after a restart every archived record is in the store: {in_memory:?}"
+    );
+    let (status, body) = get(
+        &agent,
+        &format!("{base}/participants/dfspa/entries?offset=4090&limit=20"),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["total"], count, "{body}");
+    let positions: Vec<&str> = body["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["position"].as_str().unwrap())
+        .collect();
+    let expected: Vec<String> = (4091..4111).map(|p: u64| p.to_string()).collect();
+    assert_eq!(positions, expected, "{body}");
+    for n in [1, 2_500, count] {
+        let (status, body) = get(&agent, &format!("{base}/transfers/{}", transfer_id(n)));
+        assert_eq!(
+            (status, &body["transferState"]),
+            (200, &json!("COMMITTED")),
+            "{body}"
+        );
+        let again = prepare_body(n, "dfspa", "dfspb", "1", 600_000);
+        assert_error(
+            post(&agent, &format!("{base}/transfers"), &again),
+            409,
+            "3106",
+            "different content",
+        );
+    }
+    assert_eq!(participant(&agent, &base, "dfspa")["position"], "5000");
+}
+
 /// A ledger with 50 committed transfers, archived; stopped cleanly.
 fn stopped_ledger_with_an_archive() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();

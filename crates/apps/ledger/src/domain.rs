@@ -171,22 +171,34 @@ pub struct Participant {
 
 /// A participant's position changes, oldest first, in chunks of fixed capacity: appending never moves
 /// what is already there, where one growing vector of millions of entries would copy them all (and stall
-/// the partition) each time it doubles.
+/// the partition) each time it doubles. A full chunk moves to the archive when the next one starts; its
+/// place stays, empty, so that positions and the snapshot's encoding stay as they were (a snapshot from
+/// before archiving, with every chunk in it, reads the same way).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EntryLog {
     chunks: Vec<Vec<Entry>>,
 }
 
-impl EntryLog {
-    const CHUNK_ENTRIES: usize = 4096;
+/// A chunk of an entry log that left memory: its index in the log and its entries.
+pub type FullChunk = (u64, Vec<Entry>);
 
-    pub fn push(&mut self, entry: Entry) {
+impl EntryLog {
+    pub const CHUNK_ENTRIES: usize = 4096;
+
+    /// Appends `entry`; returns the chunk that filled up before it, to be archived.
+    #[must_use]
+    pub fn push(&mut self, entry: Entry) -> Option<FullChunk> {
         match self.chunks.last_mut() {
-            Some(chunk) if chunk.len() < Self::CHUNK_ENTRIES => chunk.push(entry),
-            _ => {
+            Some(chunk) if chunk.len() < Self::CHUNK_ENTRIES => {
+                chunk.push(entry);
+                None
+            }
+            last => {
+                let full = last.map(std::mem::take);
                 let mut chunk = Vec::with_capacity(Self::CHUNK_ENTRIES);
                 chunk.push(entry);
                 self.chunks.push(chunk);
+                full.map(|entries| ((self.chunks.len() - 2) as u64, entries))
             }
         }
     }
@@ -201,10 +213,28 @@ impl EntryLog {
         self.chunks.is_empty()
     }
 
-    /// The entries from position `offset` on, oldest first.
-    pub fn iter_from(&self, offset: usize) -> impl Iterator<Item = &Entry> {
-        let (chunk, within) = (offset / Self::CHUNK_ENTRIES, offset % Self::CHUNK_ENTRIES);
-        self.chunks.iter().skip(chunk).flatten().skip(within)
+    /// Up to `limit` entries from position `offset` on, oldest first; chunks that left memory are read
+    /// with `archived`.
+    pub fn page<E>(
+        &self,
+        offset: usize,
+        limit: usize,
+        archived: impl Fn(u64) -> Result<Vec<Entry>, E>,
+    ) -> Result<Vec<Entry>, E> {
+        let mut page = Vec::new();
+        let (mut index, mut within) = (offset / Self::CHUNK_ENTRIES, offset % Self::CHUNK_ENTRIES);
+        while page.len() < limit && index < self.chunks.len() {
+            let chunk = &self.chunks[index];
+            let taken = limit - page.len();
+            if chunk.is_empty() {
+                let stored = archived(index as u64)?;
+                page.extend(stored.iter().skip(within).take(taken));
+            } else {
+                page.extend(chunk.iter().skip(within).take(taken));
+            }
+            (index, within) = (index + 1, 0);
+        }
+        Ok(page)
     }
 }
 
@@ -333,15 +363,18 @@ pub enum Reply {
 pub struct Context<'a> {
     pub now_ms: u64,
     pub here: &'a dyn Fn(&Owner) -> bool,
-    pub archive: &'a mut dyn TransferArchive,
+    pub archive: &'a mut dyn LedgerArchive,
 }
 
-/// Where a partition's final transfers go when they leave its memory.
-pub trait TransferArchive {
+/// Where what a partition holds for good goes when it leaves memory: final transfers, and full chunks
+/// of participants' entry logs.
+pub trait LedgerArchive {
     /// Keeps `transfer`, which is final, for good.
-    fn put(&mut self, transfer: &Transfer);
-    /// A transfer given to [`Self::put`] before.
-    fn get(&self, id: TransferId) -> Option<Transfer>;
+    fn put_transfer(&mut self, transfer: &Transfer);
+    /// A transfer given to [`Self::put_transfer`] before.
+    fn transfer(&self, id: TransferId) -> Option<Transfer>;
+    /// Keeps a full chunk of `participant`'s entry log (see [`EntryLog::page`]).
+    fn put_entries(&mut self, participant: &str, chunk: u64, entries: &[Entry]);
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -418,7 +451,7 @@ impl LedgerPartition {
     fn lookup<'s>(&'s self, id: TransferId, at: &Context<'_>) -> Option<Cow<'s, Transfer>> {
         match self.transfers.get(&id) {
             Some(open) => Some(Cow::Borrowed(&**open)),
-            None => at.archive.get(id).map(Cow::Owned),
+            None => at.archive.transfer(id).map(Cow::Owned),
         }
     }
 
@@ -445,7 +478,6 @@ impl LedgerPartition {
     }
 
     fn apply_one(&mut self, command: Command, at: &mut Context<'_>, out: &mut Output) -> Reply {
-        let now_ms = at.now_ms;
         match command {
             Command::Batch(_) => unreachable!("apply unpacks batches"),
             Command::CreateParticipant {
@@ -505,15 +537,15 @@ impl LedgerPartition {
                 Reply::Done
             }
             Command::CommitPayer { id, payer, amount } => {
-                self.move_money(&payer, id, amount, -amount, now_ms, out);
+                self.move_money(&payer, id, amount, -amount, at, out);
                 Reply::Done
             }
             Command::CreditPayee { id, payee, amount } => {
-                self.move_money(&payee, id, -amount, 0, now_ms, out);
+                self.move_money(&payee, id, -amount, 0, at, out);
                 Reply::Done
             }
             Command::Release { id, payer, amount } => {
-                self.move_money(&payer, id, 0, -amount, now_ms, out);
+                self.move_money(&payer, id, 0, -amount, at, out);
                 Reply::Done
             }
         }
@@ -730,7 +762,7 @@ impl LedgerPartition {
         transfer.state = state;
         self.expiries.remove(&(transfer.spec.expiration_ms, id));
         out.events.push(Event::TransferChanged { id, state });
-        at.archive.put(&transfer);
+        at.archive.put_transfer(&transfer);
         transfer
     }
 
@@ -837,7 +869,7 @@ impl LedgerPartition {
     ) -> Reply {
         // A repeated fulfil is answered with the outcome of the first.
         if !self.transfers.contains_key(&id)
-            && let Some(transfer) = at.archive.get(id)
+            && let Some(transfer) = at.archive.transfer(id)
             && transfer.state == TransferState::Committed
             && transfer.spec.payee == source
         {
@@ -890,7 +922,7 @@ impl LedgerPartition {
     ) -> Reply {
         let rejected = TransferState::Aborted(AbortReason::Rejected);
         if !self.transfers.contains_key(&id)
-            && let Some(transfer) = at.archive.get(id)
+            && let Some(transfer) = at.archive.transfer(id)
             && transfer.state == rejected
             && transfer.spec.payee == source
         {
@@ -925,7 +957,7 @@ impl LedgerPartition {
         id: TransferId,
         position_change: Amount,
         reserved_change: Amount,
-        now_ms: u64,
+        at: &mut Context<'_>,
         out: &mut Output,
     ) {
         let participant = self
@@ -936,12 +968,15 @@ impl LedgerPartition {
         participant.reserved += reserved_change;
         assert!(participant.reserved >= 0, "reservations never go negative");
         if position_change != 0 {
-            participant.entries.push(Entry {
+            let full = participant.entries.push(Entry {
                 transfer: id,
                 change: position_change,
                 position_after: participant.position,
-                timestamp_ms: now_ms,
+                timestamp_ms: at.now_ms,
             });
+            if let Some((chunk, entries)) = full {
+                at.archive.put_entries(name, chunk, &entries);
+            }
         }
         out.events.push(Event::ParticipantChanged {
             name: name.into(),

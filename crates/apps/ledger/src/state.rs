@@ -2,8 +2,8 @@
 //! and the partition's snapshot.
 
 use crate::domain::{
-    Command, Context, Event, LedgerPartition, Owner, Reply, Transfer, TransferArchive, TransferId,
-    group_follow_ups,
+    Command, Context, Entry, Event, LedgerArchive, LedgerPartition, Owner, Reply, Transfer,
+    TransferId, group_follow_ups,
 };
 use spate_engine::wire::{ReadLe, WriteLe};
 use spate_engine::{Effects, Origin, StateMachine};
@@ -64,27 +64,41 @@ fn from_clients(command: &Command) -> bool {
     )
 }
 
-/// The key of an archived transfer: the same as its owner's.
-pub fn archive_key(id: TransferId) -> Vec<u8> {
+/// The archive key of a final transfer: the same as its owner's.
+pub fn transfer_archive_key(id: TransferId) -> Vec<u8> {
     owner_key(&Owner::Transfer(id))
 }
 
-/// An archived transfer, as the engine's archive holds it.
-pub fn decode_archived(bytes: &[u8]) -> Transfer {
-    decode(bytes).expect("the ledger archives only transfers it encoded")
+/// The archive key of a full chunk of a participant's entry log: `e`, the name's length, the name, the
+/// chunk's index.
+pub fn entries_archive_key(participant: &str, chunk: u64) -> Vec<u8> {
+    let mut key = vec![b'e', participant.len() as u8];
+    key.extend_from_slice(participant.as_bytes());
+    key.extend_from_slice(&chunk.to_be_bytes());
+    key
 }
 
-/// The domain's archive of final transfers is the engine's, on this partition.
+/// What the ledger archived, as the engine's archive holds it: a transfer or a chunk of entries.
+pub fn decode_archived<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> T {
+    decode(bytes).expect("the ledger archives only what it encoded")
+}
+
+/// The domain's archive is the engine's, on this partition.
 struct EngineArchive<'e, 'a>(&'e mut Effects<'a>);
 
-impl TransferArchive for EngineArchive<'_, '_> {
-    fn put(&mut self, transfer: &Transfer) {
-        self.0
-            .archive(&archive_key(transfer.spec.id), &encode(transfer));
+impl LedgerArchive for EngineArchive<'_, '_> {
+    fn put_transfer(&mut self, transfer: &Transfer) {
+        let key = transfer_archive_key(transfer.spec.id);
+        self.0.archive(&key, &encode(transfer));
     }
 
-    fn get(&self, id: TransferId) -> Option<Transfer> {
-        (self.0.archived(&archive_key(id))).map(|bytes| decode_archived(&bytes))
+    fn transfer(&self, id: TransferId) -> Option<Transfer> {
+        (self.0.archived(&transfer_archive_key(id))).map(|bytes| decode_archived(&bytes))
+    }
+
+    fn put_entries(&mut self, participant: &str, chunk: u64, entries: &[Entry]) {
+        let key = entries_archive_key(participant, chunk);
+        self.0.archive(&key, &encode(&entries));
     }
 }
 

@@ -4,8 +4,9 @@
 //! batches), ticks, cap changes and the clock moving on in between.
 
 use crate::domain::{
-    AbortReason, Amount, Command, Context, ErrorCode, Event, LedgerPartition, Output, Owner, Reply,
-    Transfer, TransferArchive, TransferId, TransferSpec, TransferState, group_follow_ups,
+    AbortReason, Amount, Command, Context, Entry, EntryLog, ErrorCode, Event, LedgerArchive,
+    LedgerPartition, Output, Owner, Reply, Transfer, TransferId, TransferSpec, TransferState,
+    group_follow_ups,
 };
 use proptest::prelude::*;
 use sha2::{Digest, Sha256};
@@ -84,20 +85,43 @@ fn single_op() -> impl Strategy<Value = Op> {
 
 /// A partition's archive, in memory: the engine's is tested in the engine.
 #[derive(Default)]
-struct Archive(HashMap<TransferId, Transfer>);
+struct Archive {
+    transfers: HashMap<TransferId, Transfer>,
+    entries: HashMap<(String, u64), Vec<Entry>>,
+}
 
-impl TransferArchive for Archive {
-    fn put(&mut self, transfer: &Transfer) {
+impl LedgerArchive for Archive {
+    fn put_transfer(&mut self, transfer: &Transfer) {
         assert!(
             transfer.state.is_final(),
             "only final transfers are archived"
         );
-        let earlier = self.0.insert(transfer.spec.id, transfer.clone());
+        let earlier = self.transfers.insert(transfer.spec.id, transfer.clone());
         assert!(earlier.is_none(), "a transfer is archived once");
     }
 
-    fn get(&self, id: TransferId) -> Option<Transfer> {
-        self.0.get(&id).cloned()
+    fn transfer(&self, id: TransferId) -> Option<Transfer> {
+        self.transfers.get(&id).cloned()
+    }
+
+    fn put_entries(&mut self, participant: &str, chunk: u64, entries: &[Entry]) {
+        assert_eq!(
+            entries.len(),
+            EntryLog::CHUNK_ENTRIES,
+            "only full chunks leave"
+        );
+        let earlier = (self.entries).insert((participant.into(), chunk), entries.to_vec());
+        assert!(earlier.is_none(), "a chunk is archived once");
+    }
+}
+
+impl Archive {
+    /// `participant`'s whole entry log, archived chunks included.
+    fn entries(&self, participant: &str, log: &EntryLog) -> Vec<Entry> {
+        let chunk = |index| -> Result<Vec<Entry>, ()> {
+            Ok(self.entries[&(participant.to_string(), index)].clone())
+        };
+        log.page(0, usize::MAX, chunk).unwrap()
     }
 }
 
@@ -384,7 +408,7 @@ impl Sim {
         let at = partition_of(&Owner::Transfer(id));
         match (
             self.partitions[at].open_transfer(id),
-            self.archives[at].get(id),
+            self.archives[at].transfer(id),
         ) {
             (Some(open), None) => {
                 assert!(!open.state.is_final(), "a final transfer leaves memory");
@@ -452,11 +476,10 @@ impl Sim {
                 position.get(name).copied().unwrap_or(0),
                 "{name} position"
             );
-            assert_eq!(
-                p.entries.iter_from(0).map(|e| e.change).sum::<Amount>(),
-                p.position
-            );
-            assert_eq!(p.entries.len(), p.entries.iter_from(0).count());
+            let at = partition_of(&Owner::Participant(name.into()));
+            let entries = self.archives[at].entries(name, &p.entries);
+            assert_eq!(entries.iter().map(|e| e.change).sum::<Amount>(), p.position);
+            assert_eq!(p.entries.len(), entries.len());
             sum += p.position;
         }
         assert_eq!(sum, 0, "positions always sum to what they started at");
@@ -588,28 +611,40 @@ fn unknown_payee_and_payer_are_refused_without_moving_money() {
 }
 
 #[test]
-fn the_entry_log_pages_across_its_chunks() {
-    let mut log = crate::domain::EntryLog::default();
+fn the_entry_log_pages_across_its_chunks_in_memory_and_archived() {
+    let mut log = EntryLog::default();
     assert!(log.is_empty());
+    let mut archived = HashMap::new();
     let count = 10_000;
     for n in 0..count {
-        log.push(crate::domain::Entry {
+        let full = log.push(Entry {
             transfer: n as TransferId,
             change: 1,
             position_after: n as Amount + 1,
             timestamp_ms: n,
         });
+        if let Some((chunk, entries)) = full {
+            assert_eq!(entries.len(), EntryLog::CHUNK_ENTRIES);
+            assert!(archived.insert(chunk, entries).is_none());
+        }
     }
     assert_eq!(log.len(), count as usize);
+    assert_eq!(
+        archived.len(),
+        2,
+        "the two full chunks left, the third is filling"
+    );
+    let chunk = |index| archived.get(&index).cloned().ok_or(index);
     for offset in [0, 1, 4095, 4096, 4097, 8191, 8192, 9999] {
-        let page: Vec<u64> = log
-            .iter_from(offset)
-            .take(3)
+        let page: Vec<u64> = (log.page(offset, 3, chunk).unwrap().iter())
             .map(|e| e.timestamp_ms)
             .collect();
         let expected: Vec<u64> = (offset as u64..count).take(3).collect();
         assert_eq!(page, expected, "page at {offset}");
     }
-    assert_eq!(log.iter_from(count as usize).count(), 0);
-    assert_eq!(log.iter_from(usize::MAX / 2).count(), 0);
+    let across = log.page(4000, 5000, chunk).unwrap();
+    assert_eq!(across.len(), 5000);
+    assert!(across.iter().zip(4000..).all(|(e, n)| e.timestamp_ms == n));
+    assert!(log.page(count as usize, 3, chunk).unwrap().is_empty());
+    assert!(log.page(usize::MAX / 2, 3, chunk).unwrap().is_empty());
 }

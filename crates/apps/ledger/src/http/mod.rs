@@ -13,11 +13,14 @@ pub use batch::BATCH_OPERATIONS_MAX;
 
 use crate::amount;
 use crate::domain::{
-    AbortReason, Amount, Command, ErrorCode, Name, Refusal, Reply, TransferId, TransferSpec,
+    AbortReason, Amount, Command, Entry, ErrorCode, Name, Refusal, Reply, TransferId, TransferSpec,
     TransferState,
 };
 use crate::model::{LedgerModel, Waiters};
-use crate::state::{LedgerState, archive_key, decode, decode_archived, encode, owner_key};
+use crate::state::{
+    LedgerState, decode, decode_archived, encode, entries_archive_key, owner_key,
+    transfer_archive_key,
+};
 use crate::{APP_ID, domain::Owner};
 use axum::Router;
 use axum::body::Bytes;
@@ -291,15 +294,33 @@ async fn get_entries(
         return Err(validation(format!("limit must be 1 to {ENTRIES_PAGE_MAX}")));
     }
     let lookup = name.clone();
+    let partition = ledger
+        .engine
+        .partition_of(&owner_key(&Owner::Participant(name.as_str().into())));
     let found = ledger
-        .read(&Owner::Participant(name.as_str().into()), move |state| {
-            state.ledger.participant(&lookup).map(|p| {
-                let page: Vec<_> = p.entries.iter_from(offset).take(limit).copied().collect();
-                (p.currency.clone(), p.entries.len(), page)
-            })
+        .engine
+        .query_archive(partition, APP_ID, move |state: &LedgerState, archive| {
+            let participant = state.ledger.participant(&lookup)?;
+            let page = participant.entries.page(offset, limit, |chunk| {
+                let key = entries_archive_key(&lookup, chunk);
+                match archive.get(&key) {
+                    Ok(Some(bytes)) => Ok(decode_archived::<Vec<Entry>>(&bytes)),
+                    Ok(None) => Err(format!("entries chunk {chunk} of {lookup} is missing")),
+                    Err(error) => Err(error.to_string()),
+                }
+            });
+            Some(page.map(|page| {
+                (
+                    participant.currency.clone(),
+                    participant.entries.len(),
+                    page,
+                )
+            }))
         })
         .await?;
-    let (currency, total, entries) = found.ok_or_else(|| no_participant(&name))?;
+    let (currency, total, entries) = found
+        .ok_or_else(|| no_participant(&name))?
+        .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "archive", error))?;
     let entries: Vec<Value> = entries
         .iter()
         .map(|e| {
@@ -541,7 +562,7 @@ async fn error_callback(
 
 async fn get_transfer(State(ledger): Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
     let id = parse_transfer_id(&id)?;
-    let partition = ledger.engine.partition_of(&archive_key(id));
+    let partition = ledger.engine.partition_of(&transfer_archive_key(id));
     let found = ledger
         .engine
         .query_archive(
@@ -549,7 +570,7 @@ async fn get_transfer(State(ledger): Ctx, Path(id): Path<String>) -> Result<Resp
             APP_ID,
             move |state: &LedgerState, archive| match state.ledger.open_transfer(id) {
                 Some(open) => Ok(Some(open.clone())),
-                None => (archive.get(&archive_key(id)))
+                None => (archive.get(&transfer_archive_key(id)))
                     .map(|archived| archived.map(|bytes| decode_archived(&bytes))),
             },
         )
