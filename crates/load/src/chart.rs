@@ -1,4 +1,5 @@
-//! A dependency-free SVG chart of a run: completed requests per second, and p50/p99 latency per second.
+//! Dependency-free SVG charts: a run's completed requests and p50/p99 latency per second, and any
+//! series sampled over a run (such as a server's memory).
 
 use crate::Report;
 use std::fmt::Write as _;
@@ -105,6 +106,35 @@ pub fn write_svg(report: &Report) -> String {
     );
     svg += &polyline(&p50, x_max, latency_max, top_latency, "#2ca02c");
     svg += &polyline(&p99, x_max, latency_max, top_latency, "#d62728");
+    svg += "</svg>\n";
+    svg
+}
+
+/// One line of [`write_series_svg`]: its colour, its name, and its (seconds, value) points.
+pub struct Series<'a> {
+    pub color: &'a str,
+    pub name: &'a str,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A chart of series sampled over time, in one panel.
+pub fn write_series_svg(title: &str, unit: &str, series: &[Series<'_>]) -> String {
+    let points = series.iter().flat_map(|line| &line.points);
+    let x_max = points.clone().map(|p| p.0).fold(1.0, f64::max);
+    let y_max = points.map(|p| p.1).fold(0.0, f64::max) * 1.1;
+    let height = PANEL_HEIGHT + 2.0 * MARGIN;
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" \
+         font-family=\"sans-serif\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    let legend: Vec<String> = (series.iter())
+        .map(|line| format!("{} ({})", line.name, line.color))
+        .collect();
+    let title = format!("{title}: {}", legend.join(", "));
+    panel(&mut svg, MARGIN, &title, y_max, unit, 0, x_max);
+    for line in series {
+        svg += &polyline(&line.points, x_max, y_max, MARGIN, line.color);
+    }
     svg += "</svg>\n";
     svg
 }

@@ -11,7 +11,7 @@ mod chart;
 mod report;
 mod resp;
 
-pub use chart::write_svg;
+pub use chart::{Series, write_series_svg, write_svg};
 pub use hyper::Method;
 pub use report::{LatencySummary, Report, SecondPoint};
 

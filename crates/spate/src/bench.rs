@@ -314,7 +314,7 @@ pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     Ok(ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
 }
 
-fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
+pub fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let line = status
         .lines()

@@ -6,6 +6,7 @@ use crate::bench::{BenchArgs, cpu_seconds, get_json, start_server};
 use crate::load_cli::{LoadArgs, load_http, write_outputs};
 use clap::Args;
 use serde_json::json;
+use spate_load::Series;
 
 #[derive(Args)]
 pub struct LedgerBench {
@@ -23,6 +24,11 @@ pub struct LedgerBench {
     /// step of a transfer is local and shares its group commit)
     #[arg(long, value_delimiter = ',', default_values_t = [1u16, 2])]
     ledger_partitions: Vec<u16>,
+    /// ledger: instead of the runs above, one run of prepare then fulfil this long on a fresh server
+    /// (16 FSPs, the first of --ledger-partitions), with the server's memory and disk sampled every
+    /// 10 s: the PoC's acceptance test is one hour at 6,020 financial transfers/s
+    #[arg(long, default_value_t = 0.0)]
+    ledger_soak_s: f64,
 }
 
 /// `GET /participants`: the transfers in each state and the positions' sum, from the read model once it
@@ -54,6 +60,9 @@ fn batch_shape(shape: &str) -> anyhow::Result<(u32, usize)> {
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
     let settings = &args.ledger;
+    if settings.ledger_soak_s > 0.0 {
+        return soak(args);
+    }
     let shapes = settings
         .ledger_batches
         .iter()
@@ -171,4 +180,148 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
         }))?,
     )?;
     Ok(text)
+}
+
+/// What the soak samples every [`SAMPLE_INTERVAL`].
+struct Sample {
+    elapsed_s: f64,
+    rss_bytes: u64,
+    archive_bytes: u64,
+    data_bytes: u64,
+}
+
+const SAMPLE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Bytes a directory tree takes on disk (allocated blocks, so preallocated files count as used).
+fn disk_bytes(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.metadata() {
+            Ok(meta) if meta.is_dir() => disk_bytes(&entry.path()),
+            Ok(meta) => meta.blocks() * 512,
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// `--ledger-soak-s`: one long closed-loop run of single transfers, the server's memory and disk
+/// sampled throughout.
+fn soak(args: &BenchArgs) -> anyhow::Result<String> {
+    let settings = &args.ledger;
+    let partitions = settings.ledger_partitions.first().copied().unwrap_or(1);
+    let data_dir = tempfile::tempdir()?;
+    let server = start_server(data_dir.path(), "ledger", Some(partitions))?;
+    let mut load = LoadArgs::new("ledger", "transfers", &server.http);
+    load.participants = 16;
+    load.connections = settings.ledger_connections;
+    load.duration_s = settings.ledger_soak_s;
+    load.seed = 16;
+    eprintln!(
+        "ledger soak: {} s, {partitions} partitions ...",
+        settings.ledger_soak_s
+    );
+    let (pid, dir) = (server.pid(), data_dir.path().to_path_buf());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let started = std::time::Instant::now();
+    let (report, samples) = std::thread::scope(|scope| {
+        let sampler = scope.spawn(|| {
+            let mut samples = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                samples.push(Sample {
+                    elapsed_s: started.elapsed().as_secs_f64(),
+                    rss_bytes: crate::bench::rss_bytes(pid).unwrap_or(0),
+                    archive_bytes: disk_bytes(&dir.join("archive")),
+                    data_bytes: disk_bytes(&dir),
+                });
+                let next = started + SAMPLE_INTERVAL * samples.len() as u32;
+                while std::time::Instant::now() < next
+                    && !stop.load(std::sync::atomic::Ordering::Relaxed)
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                }
+            }
+            samples
+        });
+        let report = load_http(&load);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (report, sampler.join().expect("the sampler does not panic"))
+    });
+    let report = report?;
+    let totals = ledger_totals(&server.http)?;
+    drop(server);
+    write_outputs(&report, &args.out, "ledger-soak")?;
+    let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+    let series = |value: fn(&Sample) -> u64| -> Vec<(f64, f64)> {
+        samples
+            .iter()
+            .map(|s| (s.elapsed_s, mib(value(s))))
+            .collect()
+    };
+    std::fs::write(
+        args.out.join("ledger-soak-memory.svg"),
+        spate_load::write_series_svg(
+            "ledger soak: server memory and disk",
+            "MiB",
+            &[
+                Series {
+                    color: "steelblue",
+                    name: "RSS",
+                    points: series(|s| s.rss_bytes),
+                },
+                Series {
+                    color: "darkorange",
+                    name: "archive on disk",
+                    points: series(|s| s.archive_bytes),
+                },
+                Series {
+                    color: "gray",
+                    name: "data directory on disk",
+                    points: series(|s| s.data_bytes),
+                },
+            ],
+        ),
+    )?;
+    let mut csv = String::from("elapsed_s,rss_bytes,archive_bytes,data_bytes\n");
+    for s in &samples {
+        csv += &format!(
+            "{:.0},{},{},{}\n",
+            s.elapsed_s, s.rss_bytes, s.archive_bytes, s.data_bytes
+        );
+    }
+    std::fs::write(args.out.join("ledger-soak-memory.csv"), csv)?;
+    let transfers_per_s = report.ok_rate_per_s / 2.0;
+    let committed = totals["transfers"]["COMMITTED"].as_u64().unwrap_or(0);
+    let rss_at = |fraction: f64| {
+        let index = ((samples.len() as f64 - 1.0) * fraction).round() as usize;
+        samples.get(index).map_or(0.0, |s| mib(s.rss_bytes))
+    };
+    let last = samples.last();
+    let archive_bytes = last.map_or(0, |s| s.archive_bytes);
+    let l = &report.latency;
+    Ok(format!(
+        "## ledger soak: prepare then fulfil for {:.0} s (the Mojaloop PoC's acceptance test)\n\n\
+         16 FSPs, {} connections in closed loop, {partitions} partitions; a financial transfer is both \
+         requests. Memory and disk sampled every {} s: `ledger-soak-memory.svg` and `.csv`.\n\n\
+         | financial transfers/s | committed | p99 | max | over 1 s | errors | RSS at 10% / 50% / end | \
+         archive on disk | per committed transfer |\n\
+         |---:|---:|---:|---:|---:|---:|---|---:|---:|\n\
+         | {transfers_per_s:.0} | {committed} | {:.2} ms | {:.0} ms | {:.3}% | {:.3}% | \
+         {:.0} / {:.0} / {:.0} MiB | {:.0} MiB | {:.0} B |\n\n",
+        settings.ledger_soak_s,
+        settings.ledger_connections,
+        SAMPLE_INTERVAL.as_secs(),
+        l.p99_us as f64 / 1000.0,
+        l.max_us as f64 / 1000.0,
+        report.over_1s_share * 100.0,
+        report.error_share * 100.0,
+        rss_at(0.1),
+        rss_at(0.5),
+        rss_at(1.0),
+        mib(archive_bytes),
+        archive_bytes as f64 / committed.max(1) as f64,
+    ))
 }
