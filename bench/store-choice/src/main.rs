@@ -48,32 +48,32 @@ trait Store: Send + Sync {
 }
 
 struct Fjall {
-    keyspace: fjall::Keyspace,
-    history: fjall::PartitionHandle,
+    db: fjall::Database,
+    history: fjall::Keyspace,
 }
 
 impl Fjall {
     fn open(dir: &Path, cache_bytes: u64) -> Self {
-        let keyspace = fjall::Config::new(dir)
+        let db = fjall::Database::builder(dir)
             .cache_size(cache_bytes)
             .open()
             .expect("open fjall");
-        let history = keyspace
-            .open_partition("history", fjall::PartitionCreateOptions::default())
-            .expect("open fjall partition");
-        Self { keyspace, history }
+        let history = db
+            .keyspace("history", fjall::KeyspaceCreateOptions::default)
+            .expect("open fjall keyspace");
+        Self { db, history }
     }
 }
 
 impl Store for Fjall {
     fn put_batch(&self, records: &[([u8; 16], Vec<u8>)], sync: bool) {
-        let mut batch = self.keyspace.batch();
+        let mut batch = self.db.batch();
         for (key, value) in records {
             batch.insert(&self.history, key.as_slice(), value.as_slice());
         }
         batch.commit().expect("fjall batch");
         if sync {
-            self.keyspace
+            self.db
                 .persist(fjall::PersistMode::SyncAll)
                 .expect("fjall persist");
         }

@@ -77,9 +77,10 @@ impl Effects<'_> {
         });
     }
 
-    /// Moves a final record out of the app's memory into the partition's archive, on disk on a single
-    /// node: [`Self::archived`] and queries (`EngineHandle::query_archive`) find it by `key` from now on,
-    /// across restarts. A key is archived at most once: what is archived never changes.
+    /// Moves a final record out of the app's memory into the partition's archive (on disk with the
+    /// embedded journal): [`Self::archived`] and queries (`EngineHandle::query_archive`) find it by
+    /// `key` from now on, across restarts. A key is archived at most once: what is archived never
+    /// changes.
     pub fn archive(&mut self, key: &[u8], value: &[u8]) {
         self.archive.put(self.app, self.lsn, key, value);
     }

@@ -7,8 +7,8 @@
 //! `pending`, then in the store, and only counts if it was archived before the command asking: after
 //! a crash, the store may hold records that replay of the journal has yet to reach again.
 //!
-//! Without a store (a cluster node, whose partitions move between nodes with their snapshots) every
-//! record stays in `pending`, which snapshots hold whole.
+//! Without a store (a journal on Kafka, whose state must outlive this machine's disk) every record
+//! stays in `pending`, which snapshots hold whole.
 
 use crate::AppId;
 use crate::journal::Lsn;

@@ -128,8 +128,8 @@ struct Starter {
     feeds: Mutex<Option<Vec<FeedSender>>>,
     /// Per partition, per projection: the LSN its checkpoint covers (the journal keeps what is after).
     floors_by_partition: Vec<Vec<Arc<AtomicU64>>>,
-    /// The archive's store on disk; none on a cluster node, whose partitions move between nodes with
-    /// their snapshots, so their archive stays in memory and in snapshots.
+    /// The archive's store on disk, with the embedded journal only: a state whose journal is on Kafka
+    /// must outlive this machine's disk, so its archive stays in memory and in snapshots.
     archive: Option<ArchiveDatabase>,
 }
 
@@ -217,20 +217,32 @@ impl Engine {
         registry: &mut Registry,
     ) -> Result<Self, StartError> {
         let logs = Arc::new(FileLogStore::new(&config.data_dir, config.journal.clone()));
-        Self::start_on(logs, config, apps, registry)
+        Self::start_with(logs, true, config, apps, registry)
     }
 
     /// Like [`Self::start`], with the partitions' logs in `logs` (for example a replicated log); snapshots
-    /// and projection checkpoints stay in `config.data_dir`.
+    /// and projection checkpoints stay in `config.data_dir`. The archive stays in memory and in
+    /// snapshots: a state kept in a replicated log must outlive this machine's disk.
     pub fn start_on(
         logs: Arc<dyn LogStore>,
         config: EngineConfig,
         apps: Vec<AppSpec>,
         registry: &mut Registry,
     ) -> Result<Self, StartError> {
+        Self::start_with(logs, false, config, apps, registry)
+    }
+
+    fn start_with(
+        logs: Arc<dyn LogStore>,
+        archive_on_disk: bool,
+        config: EngineConfig,
+        apps: Vec<AppSpec>,
+        registry: &mut Registry,
+    ) -> Result<Self, StartError> {
         let partition_count = config.partitions;
         let data_dir = config.data_dir.clone();
-        let (engine, mut projections) = Self::prepare(logs.clone(), None, config, apps, registry)?;
+        let (engine, mut projections) =
+            Self::prepare(logs.clone(), None, archive_on_disk, config, apps, registry)?;
         // Opening a replicated log takes round trips (fencing the old owner, reading to the end): open
         // every partition's at once.
         let journals = std::thread::scope(|scope| {
@@ -274,7 +286,8 @@ impl Engine {
         apps: Vec<AppSpec>,
         registry: &mut Registry,
     ) -> Result<Self, StartError> {
-        let (engine, projections) = Self::prepare(logs, Some(remote), config, apps, registry)?;
+        let (engine, projections) =
+            Self::prepare(logs, Some(remote), false, config, apps, registry)?;
         // Until a partition runs here, its projections follow it from where their checkpoints end.
         for (partition, shared) in engine.handle.inner.shared.iter().enumerate() {
             let checkpointed = projections
@@ -293,6 +306,7 @@ impl Engine {
     fn prepare(
         logs: Arc<dyn LogStore>,
         remote: Option<Arc<dyn Remote>>,
+        archive_on_disk: bool,
         config: EngineConfig,
         mut apps: Vec<AppSpec>,
         registry: &mut Registry,
@@ -317,13 +331,12 @@ impl Engine {
             }
         })?;
         check_meta(&config.data_dir, config.partitions)?;
-        let archive = match &remote {
-            None => Some(ArchiveDatabase::open(
-                &config.data_dir.join("archive"),
-                config.archive_cache_bytes,
-            )?),
-            Some(_) => None,
-        };
+        let archive = archive_on_disk
+            .then(|| {
+                let dir = config.data_dir.join("archive");
+                ArchiveDatabase::open(&dir, config.archive_cache_bytes)
+            })
+            .transpose()?;
         let partition_count = config.partitions;
         let metrics = EngineMetrics::register(registry);
         let shared: Vec<Arc<PartitionShared>> = (0..partition_count)

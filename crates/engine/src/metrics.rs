@@ -210,8 +210,8 @@ impl EngineMetrics {
         );
         r.register(
             "archive_memory_records",
-            "Archived records still in memory: not yet in the archive's store on disk (all of them on \
-             a cluster node, which keeps its archive in memory and in snapshots)",
+            "Archived records still in memory: not yet in the archive's store on disk (all of them with \
+             the journal on Kafka, which keeps the archive in memory and in snapshots)",
             metrics.archive_memory_records.clone(),
         );
         r.register(

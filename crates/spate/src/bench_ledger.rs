@@ -4,6 +4,7 @@
 
 use crate::bench::{BenchArgs, cpu_seconds, get_json, start_server};
 use crate::load_cli::{LoadArgs, load_http, write_outputs};
+use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 use spate_load::Series;
@@ -29,6 +30,11 @@ pub struct LedgerBench {
     /// 10 s: the PoC's acceptance test is one hour at 6,020 financial transfers/s
     #[arg(long, default_value_t = 0.0)]
     ledger_soak_s: f64,
+    /// ledger: instead of the runs above, store this many transfers with the batch API on a fresh
+    /// server (the first of --ledger-partitions), then read random ones (`GET /transfers/{id}`) while
+    /// the batch load goes on, for --duration-s
+    #[arg(long, default_value_t = 0)]
+    ledger_history: u64,
 }
 
 /// `GET /participants`: the transfers in each state and the positions' sum, from the read model once it
@@ -62,6 +68,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
     let settings = &args.ledger;
     if settings.ledger_soak_s > 0.0 {
         return soak(args);
+    }
+    if settings.ledger_history > 0 {
+        return history(args);
     }
     let shapes = settings
         .ledger_batches
@@ -208,53 +217,46 @@ fn disk_bytes(dir: &std::path::Path) -> u64 {
         .sum()
 }
 
-/// `--ledger-soak-s`: one long closed-loop run of single transfers, the server's memory and disk
-/// sampled throughout.
-fn soak(args: &BenchArgs) -> anyhow::Result<String> {
-    let settings = &args.ledger;
-    let partitions = settings.ledger_partitions.first().copied().unwrap_or(1);
-    let data_dir = tempfile::tempdir()?;
-    let server = start_server(data_dir.path(), "ledger", Some(partitions))?;
-    let mut load = LoadArgs::new("ledger", "transfers", &server.http);
-    load.participants = 16;
-    load.connections = settings.ledger_connections;
-    load.duration_s = settings.ledger_soak_s;
-    load.seed = 16;
-    eprintln!(
-        "ledger soak: {} s, {partitions} partitions ...",
-        settings.ledger_soak_s
-    );
-    let (pid, dir) = (server.pid(), data_dir.path().to_path_buf());
-    let stop = std::sync::atomic::AtomicBool::new(false);
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
+/// Runs `run` while sampling the server `pid`'s memory and its data directory `dir` every
+/// [`SAMPLE_INTERVAL`].
+fn sampled<T>(pid: u32, dir: &std::path::Path, run: impl FnOnce() -> T) -> (T, Vec<Sample>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = AtomicBool::new(false);
     let started = std::time::Instant::now();
-    let (report, samples) = std::thread::scope(|scope| {
+    std::thread::scope(|scope| {
         let sampler = scope.spawn(|| {
             let mut samples = Vec::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 samples.push(Sample {
                     elapsed_s: started.elapsed().as_secs_f64(),
                     rss_bytes: crate::bench::rss_bytes(pid).unwrap_or(0),
                     archive_bytes: disk_bytes(&dir.join("archive")),
-                    data_bytes: disk_bytes(&dir),
+                    data_bytes: disk_bytes(dir),
                 });
                 let next = started + SAMPLE_INTERVAL * samples.len() as u32;
-                while std::time::Instant::now() < next
-                    && !stop.load(std::sync::atomic::Ordering::Relaxed)
-                {
+                while std::time::Instant::now() < next && !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(std::time::Duration::from_millis(200));
                 }
             }
             samples
         });
-        let report = load_http(&load);
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        (report, sampler.join().expect("the sampler does not panic"))
-    });
-    let report = report?;
-    let totals = ledger_totals(&server.http)?;
-    drop(server);
-    write_outputs(&report, &args.out, "ledger-soak")?;
-    let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+        let result = run();
+        stop.store(true, Ordering::Relaxed);
+        (result, sampler.join().expect("the sampler does not panic"))
+    })
+}
+
+/// Writes `samples` as `<stem>.csv` and a chart, `<stem>.svg`.
+fn write_samples(
+    samples: &[Sample],
+    out: &std::path::Path,
+    stem: &str,
+    title: &str,
+) -> anyhow::Result<()> {
     let series = |value: fn(&Sample) -> u64| -> Vec<(f64, f64)> {
         samples
             .iter()
@@ -262,9 +264,9 @@ fn soak(args: &BenchArgs) -> anyhow::Result<String> {
             .collect()
     };
     std::fs::write(
-        args.out.join("ledger-soak-memory.svg"),
+        out.join(format!("{stem}.svg")),
         spate_load::write_series_svg(
-            "ledger soak: server memory and disk",
+            &format!("{title}: server memory and disk"),
             "MiB",
             &[
                 Series {
@@ -286,13 +288,120 @@ fn soak(args: &BenchArgs) -> anyhow::Result<String> {
         ),
     )?;
     let mut csv = String::from("elapsed_s,rss_bytes,archive_bytes,data_bytes\n");
-    for s in &samples {
+    for s in samples {
         csv += &format!(
             "{:.0},{},{},{}\n",
             s.elapsed_s, s.rss_bytes, s.archive_bytes, s.data_bytes
         );
     }
-    std::fs::write(args.out.join("ledger-soak-memory.csv"), csv)?;
+    std::fs::write(out.join(format!("{stem}.csv")), csv)?;
+    Ok(())
+}
+
+/// `--ledger-history`: stores many transfers, then reads old ones at random under write load.
+fn history(args: &BenchArgs) -> anyhow::Result<String> {
+    let settings = &args.ledger;
+    let partitions = settings.ledger_partitions.first().copied().unwrap_or(1);
+    let (writers, batch) = (4u32, 8_000u64);
+    let data_dir = tempfile::tempdir()?;
+    let server = start_server(data_dir.path(), "ledger", Some(partitions))?;
+    let batch_load = |seed: u64| {
+        let mut load = LoadArgs::new("ledger", "batch", &server.http);
+        (load.participants, load.connections) = (16, writers);
+        (load.batch, load.seed) = (batch as usize, seed);
+        load
+    };
+    let mut fill = batch_load(1);
+    // Two requests per batch of transfers: the prepares, then the fulfils.
+    fill.requests = Some(2 * settings.ledger_history.div_ceil(batch));
+    eprintln!(
+        "ledger history: storing {} transfers, {partitions} partitions ...",
+        settings.ledger_history
+    );
+    let (filled, samples) = sampled(server.pid(), data_dir.path(), || load_http(&fill));
+    let filled = filled?;
+    write_outputs(&filled, &args.out, "ledger-history-fill")?;
+    write_samples(
+        &samples,
+        &args.out,
+        "ledger-history-memory",
+        "ledger history",
+    )?;
+    let stored = ledger_totals(&server.http)?["transfers"]["COMMITTED"]
+        .as_u64()
+        .unwrap_or(0);
+    let last = samples.last().context("no sample")?;
+    // Closed-loop writers progress alike: half the mean share is written by every one of them.
+    let per_writer = (stored / u64::from(writers) / 2).max(1);
+    let mut writes = batch_load(2);
+    writes.duration_s = args.duration_s;
+    let mut reads = LoadArgs::new("ledger", "reads", &server.http);
+    (reads.participants, reads.seed, reads.connections) = (16, 1, 4);
+    (reads.written_by, reads.users, reads.duration_s) = (writers, per_writer, args.duration_s);
+    eprintln!("ledger history: reads of old transfers under the batch load ...");
+    let (read_report, write_report) = std::thread::scope(|scope| {
+        let writing = scope.spawn(|| load_http(&writes));
+        let read_report = load_http(&reads);
+        (
+            read_report,
+            writing.join().expect("the writer does not panic"),
+        )
+    });
+    let (read_report, write_report) = (read_report?, write_report?);
+    write_outputs(&read_report, &args.out, "ledger-history-reads")?;
+    let rss = crate::bench::rss_bytes(server.pid())?;
+    drop(server);
+    let l = &read_report.latency;
+    Ok(format!(
+        "## ledger history: {stored} transfers stored, then random old ones read under write load\n\n\
+         Filled with the batch API ({writers} connections x {batch} operations, {partitions} partitions) in \
+         {:.0} s ({:.0} transfers/s); then for {:.0} s, 4 connections `GET /transfers/{{id}}` of random \
+         transfers among the first half of each writer's while the same batch load goes on. Memory and disk \
+         during the fill: `ledger-history-memory.svg` and `.csv`.\n\n\
+         | stored | RSS after the fill / after the reads | archive on disk | per transfer | data directory | \
+         reads/s | read p50 | p99 | max | read errors | transfers/s meanwhile |\n\
+         |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n\
+         | {stored} | {:.0} / {:.0} MiB | {:.0} MiB | {:.0} B | {:.0} MiB | {:.0} | {:.2} ms | {:.2} ms | \
+         {:.1} ms | {:.3}% | {:.0} |\n\n",
+        filled.measured_seconds,
+        filled.ok_rate_per_s * batch as f64 / 2.0,
+        args.duration_s,
+        mib(last.rss_bytes),
+        mib(rss),
+        mib(last.archive_bytes),
+        last.archive_bytes as f64 / stored.max(1) as f64,
+        mib(last.data_bytes),
+        read_report.ok_rate_per_s,
+        l.p50_us as f64 / 1000.0,
+        l.p99_us as f64 / 1000.0,
+        l.max_us as f64 / 1000.0,
+        read_report.error_share * 100.0,
+        write_report.ok_rate_per_s * batch as f64 / 2.0,
+    ))
+}
+
+/// `--ledger-soak-s`: one long closed-loop run of single transfers, the server's memory and disk
+/// sampled throughout.
+fn soak(args: &BenchArgs) -> anyhow::Result<String> {
+    let settings = &args.ledger;
+    let partitions = settings.ledger_partitions.first().copied().unwrap_or(1);
+    let data_dir = tempfile::tempdir()?;
+    let server = start_server(data_dir.path(), "ledger", Some(partitions))?;
+    let mut load = LoadArgs::new("ledger", "transfers", &server.http);
+    load.participants = 16;
+    load.connections = settings.ledger_connections;
+    load.duration_s = settings.ledger_soak_s;
+    load.seed = 16;
+    eprintln!(
+        "ledger soak: {} s, {partitions} partitions ...",
+        settings.ledger_soak_s
+    );
+    let (report, samples) = sampled(server.pid(), data_dir.path(), || load_http(&load));
+    let report = report?;
+    let totals = ledger_totals(&server.http)?;
+    drop(server);
+    write_outputs(&report, &args.out, "ledger-soak")?;
+    write_samples(&samples, &args.out, "ledger-soak-memory", "ledger soak")?;
     let transfers_per_s = report.ok_rate_per_s / 2.0;
     let committed = totals["transfers"]["COMMITTED"].as_u64().unwrap_or(0);
     let rss_at = |fraction: f64| {

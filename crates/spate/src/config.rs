@@ -67,6 +67,10 @@ pub struct ServeArgs {
     /// a partition applies nothing during a step [default: 262144]
     #[arg(long, env = "SPATE_SNAPSHOT_STEP_BYTES")]
     snapshot_step_bytes: Option<usize>,
+    /// Memory for the block cache of the archive on disk, where apps keep what is final (the ledger's
+    /// committed and aborted transfers), all partitions together [default: 256]
+    #[arg(long, env = "SPATE_ARCHIVE_CACHE_MB")]
+    archive_cache_mb: Option<u64>,
     /// Records a projection applies between two checkpoints of its read model [default: 1000000]
     #[arg(long, env = "SPATE_PROJECTION_CHECKPOINT_INTERVAL_RECORDS")]
     projection_checkpoint_interval_records: Option<u64>,
@@ -271,6 +275,7 @@ impl ServeArgs {
                 flush_interval_us,
                 snapshot_interval_records,
                 snapshot_step_bytes,
+                archive_cache_mb,
                 projection_checkpoint_interval_records,
                 projection_feed_batches,
                 queue_capacity,
@@ -386,6 +391,9 @@ impl ServeArgs {
         }
         if let Some(bytes) = self.snapshot_step_bytes {
             engine.snapshot_step_bytes = bytes.max(1);
+        }
+        if let Some(mb) = self.archive_cache_mb {
+            engine.archive_cache_bytes = mb.saturating_mul(1 << 20);
         }
         if let Some(records) = self.projection_checkpoint_interval_records {
             engine.projection_checkpoint_interval_records = records.max(1);

@@ -63,6 +63,12 @@ pub const SCENARIOS: &[(&str, &str, &str)] = &[
         "POST /transfers/batch: --batch prepares, then the next request fulfils the same --batch transfers",
     ),
     (
+        "ledger",
+        "reads",
+        "GET /transfers/{id} of random transfers an earlier `ledger batch` run with the same --seed and \
+         --participants wrote: --written-by of its connections, the first --users transfers of each",
+    ),
+    (
         "payments",
         "authorize",
         "POST /v1/payments: authorizations with idempotency keys, cards drawn from --cards, merchants and \
@@ -128,9 +134,13 @@ pub struct LoadArgs {
     /// Transactions per request (fraud), updates per request (leaderboard bulk, redis)
     #[arg(long, default_value_t = 100)]
     pub batch: usize,
-    /// Users the leaderboard scenarios, or skiers the ski scenarios, draw from
+    /// Users the leaderboard scenarios, or skiers the ski scenarios, draw from; for ledger reads, the
+    /// transfers each writer wrote
     #[arg(long, default_value_t = 100_000)]
     pub users: u64,
+    /// ledger reads: connections of the `ledger batch` run that wrote the transfers
+    #[arg(long, default_value_t = 4)]
+    pub written_by: u32,
     /// FSPs the ledger scenario creates and moves money between
     #[arg(long, default_value_t = 16)]
     pub participants: u32,
@@ -162,6 +172,7 @@ impl LoadArgs {
             seed: 1,
             batch: 1,
             users: 100_000,
+            written_by: 4,
             participants: 16,
             cards: 1,
             max_error_share: 0.01,
@@ -475,6 +486,31 @@ impl LedgerTransfers {
     }
 }
 
+/// GETs of random transfers that a [`LedgerBatch`] run wrote: those of its first `writers` workers,
+/// numbers below `per_writer`.
+struct LedgerReads {
+    transfers: LedgerTransfers,
+    writers: u32,
+    per_writer: u64,
+}
+
+impl Scenario for LedgerReads {
+    fn name(&self) -> String {
+        format!(
+            "ledger reads of {} written transfers",
+            u64::from(self.writers) * self.per_writer
+        )
+    }
+
+    fn request(&self, worker: u32, seq: u64) -> Request {
+        let n = mix64((u64::from(worker) << 40 | seq) ^ !self.transfers.seed);
+        let writer = (n % u64::from(self.writers)) as u32;
+        let number = (n >> 8) % self.per_writer;
+        let transfer = self.transfers.transfer(writer, number);
+        Request::get(format!("/transfers/{}", transfer.id))
+    }
+}
+
 /// Batches of the same transfers: `--batch` prepares in one request, their fulfils in the next.
 struct LedgerBatch {
     transfers: LedgerTransfers,
@@ -655,6 +691,19 @@ fn scenario(args: &LoadArgs) -> anyhow::Result<Arc<dyn Scenario>> {
                     batch: args.batch as u64,
                 })
             }
+        }
+        ("ledger", "reads") => {
+            if args.participants < 2 || args.written_by == 0 || args.users == 0 {
+                bail!("--participants must be at least 2, --written-by and --users at least 1");
+            }
+            Arc::new(LedgerReads {
+                transfers: LedgerTransfers {
+                    seed: args.seed,
+                    participants: args.participants,
+                },
+                writers: args.written_by,
+                per_writer: args.users,
+            })
         }
         ("payments", scenario @ ("authorize" | "authorize-capture" | "mix")) => {
             let authorize = crate::load_payments::PaymentsAuthorize {
