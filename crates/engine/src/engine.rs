@@ -34,6 +34,10 @@ pub struct EngineConfig {
     /// Minimum time between two journal flushes of a partition; 0 flushes as soon as the writer is free.
     pub flush_interval: Duration,
     pub snapshot_interval_records: u64,
+    /// A snapshot is also due once this many journal bytes were written since the last one: records
+    /// can be large (a batch of thousands of operations is one), and the journal is released only
+    /// behind snapshots.
+    pub snapshot_interval_bytes: u64,
     /// What one step of a snapshot writes, for apps that write theirs in steps (see
     /// `StateMachine::begin_snapshot`): the partition applies nothing during a step.
     pub snapshot_step_bytes: usize,
@@ -61,6 +65,7 @@ impl EngineConfig {
             batch_records_max: 16_384,
             flush_interval: Duration::ZERO,
             snapshot_interval_records: 1_000_000,
+            snapshot_interval_bytes: 256 << 20,
             // 2-6 ms of encoding on a 2-core VM (BENCHMARKS.md, "Apply pauses"); 1 MiB took 10-13 ms.
             snapshot_step_bytes: 256 << 10,
             idempotency_window_ms: 24 * 60 * 60 * 1000,
@@ -379,6 +384,7 @@ impl Engine {
             batch_records_max: config.batch_records_max,
             flush_interval: config.flush_interval,
             snapshot_interval_records: config.snapshot_interval_records,
+            snapshot_interval_bytes: config.snapshot_interval_bytes,
             snapshot_step_bytes: config.snapshot_step_bytes,
             follow_ups_in_flight_max: config.follow_ups_in_flight_max,
             resend_interval,

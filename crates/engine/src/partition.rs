@@ -128,6 +128,7 @@ pub(crate) struct Limits {
     pub batch_records_max: usize,
     pub flush_interval: Duration,
     pub snapshot_interval_records: u64,
+    pub snapshot_interval_bytes: u64,
     pub snapshot_step_bytes: usize,
     pub follow_ups_in_flight_max: usize,
     /// In a cluster, follow-ups that made no progress for this long are sent again (a message between
@@ -170,6 +171,9 @@ pub(crate) struct PartitionThread {
     local: VecDeque<FollowUp>,
     rng: SmallRng,
     records_since_snapshot: u64,
+    /// Journal bytes framed since the last snapshot began: a few large records (a batch of 8,000
+    /// transfers is one) would otherwise keep the journal from being released for a long time.
+    journal_bytes_since_snapshot: u64,
     snapshot: Option<SnapshotInProgress>,
     /// The answer of the thread publishing the last snapshot written, until it came.
     publishing: Option<Receiver<Result<(), String>>>,
@@ -250,6 +254,7 @@ pub(crate) fn pair(
         local: VecDeque::new(),
         rng: SmallRng::from_os_rng(),
         records_since_snapshot: 0,
+        journal_bytes_since_snapshot: 0,
         snapshot: None,
         publishing: None,
         external_open: true,
@@ -368,7 +373,8 @@ impl PartitionThread {
         }
         let due = self.snapshot.is_none()
             && self.publishing.is_none()
-            && self.records_since_snapshot >= self.limits.snapshot_interval_records;
+            && (self.records_since_snapshot >= self.limits.snapshot_interval_records
+                || self.journal_bytes_since_snapshot >= self.limits.snapshot_interval_bytes);
         if self.snapshot.is_none() && !due {
             return;
         }
@@ -376,6 +382,7 @@ impl PartitionThread {
         if due {
             // Counted from the attempt: one that fails is tried again an interval later.
             self.records_since_snapshot = 0;
+            self.journal_bytes_since_snapshot = 0;
             if let Err(error) = self.begin_snapshot() {
                 tracing::error!(partition = self.core.partition, %error, "snapshot failed");
             }
@@ -515,6 +522,7 @@ impl PartitionThread {
             &mut self.batch.archived,
         );
         finish_record(&mut self.batch.frames, start);
+        self.journal_bytes_since_snapshot += (self.batch.frames.len() - start) as u64;
         self.batch.record_count += 1;
         self.batch.apps |= app_bit(envelope.app);
         self.records_since_snapshot += 1;
@@ -650,6 +658,7 @@ impl PartitionThread {
             failed = write_app_id(first_app, &mut out).err();
         }
         self.records_since_snapshot = 0;
+        self.journal_bytes_since_snapshot = 0;
         self.snapshot = Some(SnapshotInProgress {
             lsn,
             out,

@@ -63,6 +63,10 @@ pub struct ServeArgs {
     /// Records applied between two snapshots of a partition [default: 1000000]
     #[arg(long, env = "SPATE_SNAPSHOT_INTERVAL_RECORDS")]
     snapshot_interval_records: Option<u64>,
+    /// Journal bytes written between two snapshots of a partition, whichever comes first with
+    /// --snapshot-interval-records: the journal is released only behind snapshots [default: 268435456]
+    #[arg(long, env = "SPATE_SNAPSHOT_INTERVAL_BYTES")]
+    snapshot_interval_bytes: Option<u64>,
     /// Bytes one step of a snapshot writes, for apps that snapshot in steps while they apply (tally);
     /// a partition applies nothing during a step [default: 262144]
     #[arg(long, env = "SPATE_SNAPSHOT_STEP_BYTES")]
@@ -274,6 +278,7 @@ impl ServeArgs {
                 segment_bytes,
                 flush_interval_us,
                 snapshot_interval_records,
+                snapshot_interval_bytes,
                 snapshot_step_bytes,
                 archive_cache_mb,
                 projection_checkpoint_interval_records,
@@ -388,6 +393,9 @@ impl ServeArgs {
         }
         if let Some(records) = self.snapshot_interval_records {
             engine.snapshot_interval_records = records.max(1);
+        }
+        if let Some(bytes) = self.snapshot_interval_bytes {
+            engine.snapshot_interval_bytes = bytes.max(1);
         }
         if let Some(bytes) = self.snapshot_step_bytes {
             engine.snapshot_step_bytes = bytes.max(1);
