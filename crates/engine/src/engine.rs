@@ -46,6 +46,8 @@ pub struct EngineConfig {
     /// Unacknowledged follow-ups per destination before a partition stops taking new client commands.
     pub follow_ups_in_flight_max: usize,
     pub projection_checkpoint_interval_records: u64,
+    /// A checkpoint is also due after this many journal bytes of the app's records.
+    pub projection_checkpoint_interval_bytes: u64,
     /// Group commits queued for a projection; a projection further behind reads the journal instead.
     pub projection_feed_batches_max: usize,
     /// Memory for the archive store's block cache, all partitions together (the archive's records not
@@ -72,6 +74,7 @@ impl EngineConfig {
             idempotency_entries_max: 1_000_000,
             follow_ups_in_flight_max: 16_384,
             projection_checkpoint_interval_records: 1_000_000,
+            projection_checkpoint_interval_bytes: 256 << 20,
             projection_feed_batches_max: 1024,
             archive_cache_bytes: 256 << 20,
         }
@@ -358,6 +361,7 @@ impl Engine {
                     config.data_dir.join("projections"),
                     partition_count,
                     config.projection_checkpoint_interval_records,
+                    config.projection_checkpoint_interval_bytes,
                     metrics.projection_lag(spec.name),
                     metrics.projection_journal_reads(spec.name),
                     shared.clone(),

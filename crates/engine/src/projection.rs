@@ -40,7 +40,11 @@ pub(crate) struct ProjectionRuntime {
     pub floors: Vec<Arc<AtomicU64>>,
     dir: PathBuf,
     checkpoint_interval_records: u64,
+    checkpoint_interval_bytes: u64,
     since_checkpoint: u64,
+    /// Journal bytes of this app's records applied since the last checkpoint: a few large records
+    /// (a batch of thousands of operations is one) would otherwise hold the journal for long.
+    bytes_since_checkpoint: u64,
     /// Other apps' records passed since the last checkpoint (see `checkpoint_due`).
     passed_since_checkpoint: u64,
     lag: Gauge,
@@ -59,6 +63,7 @@ impl ProjectionRuntime {
         dir: PathBuf,
         partition_count: u16,
         checkpoint_interval_records: u64,
+        checkpoint_interval_bytes: u64,
         lag: Gauge,
         journal_reads: Counter,
         partitions: Vec<Arc<PartitionShared>>,
@@ -97,7 +102,9 @@ impl ProjectionRuntime {
             positions: Arc::new(positions.into_iter().map(AtomicU64::new).collect()),
             dir,
             checkpoint_interval_records,
+            checkpoint_interval_bytes,
             since_checkpoint: 0,
+            bytes_since_checkpoint: 0,
             passed_since_checkpoint: 0,
             lag,
             journal_reads,
@@ -138,6 +145,7 @@ impl ProjectionRuntime {
                     .apply(partition, lsn, record.envelope.timestamp_ms, event);
             }
             self.since_checkpoint += 1;
+            self.bytes_since_checkpoint += body.len() as u64;
         }
         position.store(lsn + 1, Ordering::Release);
         Ok(())
@@ -218,6 +226,7 @@ impl ProjectionRuntime {
             floor.store(*position, Ordering::Release);
         }
         self.since_checkpoint = 0;
+        self.bytes_since_checkpoint = 0;
         self.passed_since_checkpoint = 0;
         Ok(())
     }
@@ -247,10 +256,12 @@ impl ProjectionRuntime {
         }
     }
 
-    /// After `checkpoint_interval_records` of this app's records, or eight times as many of other apps'
-    /// (so an idle projection still lets the journal go, without rewriting a large read model often).
+    /// After `checkpoint_interval_records` (or `checkpoint_interval_bytes`) of this app's records, or
+    /// eight times as many of other apps' (so an idle projection still lets the journal go, without
+    /// rewriting a large read model often).
     fn checkpoint_due(&self) -> bool {
         self.since_checkpoint >= self.checkpoint_interval_records
+            || self.bytes_since_checkpoint >= self.checkpoint_interval_bytes
             || self.passed_since_checkpoint
                 >= PASSED_CHECKPOINT_FACTOR * self.checkpoint_interval_records
     }

@@ -78,6 +78,10 @@ pub struct ServeArgs {
     /// Records a projection applies between two checkpoints of its read model [default: 1000000]
     #[arg(long, env = "SPATE_PROJECTION_CHECKPOINT_INTERVAL_RECORDS")]
     projection_checkpoint_interval_records: Option<u64>,
+    /// Journal bytes of an app's records a projection applies between two checkpoints, whichever comes
+    /// first with --projection-checkpoint-interval-records [default: 268435456]
+    #[arg(long, env = "SPATE_PROJECTION_CHECKPOINT_INTERVAL_BYTES")]
+    projection_checkpoint_interval_bytes: Option<u64>,
     /// Group commits queued for each projection; one further behind reads the journal instead
     /// [default: 1024]
     #[arg(long, env = "SPATE_PROJECTION_FEED_BATCHES")]
@@ -282,6 +286,7 @@ impl ServeArgs {
                 snapshot_step_bytes,
                 archive_cache_mb,
                 projection_checkpoint_interval_records,
+                projection_checkpoint_interval_bytes,
                 projection_feed_batches,
                 queue_capacity,
                 idempotency_window_ms,
@@ -405,6 +410,9 @@ impl ServeArgs {
         }
         if let Some(records) = self.projection_checkpoint_interval_records {
             engine.projection_checkpoint_interval_records = records.max(1);
+        }
+        if let Some(bytes) = self.projection_checkpoint_interval_bytes {
+            engine.projection_checkpoint_interval_bytes = bytes.max(1);
         }
         if let Some(batches) = self.projection_feed_batches {
             engine.projection_feed_batches_max = batches.max(1);
