@@ -156,5 +156,8 @@ pub struct AppSpec {
     pub name: &'static str,
     pub new_state: Box<NewState>,
     pub restore: Box<RestoreState>,
+    /// True if apply calls `Effects::archive`: the engine then opens the archive's store on disk
+    /// (without one, archived records stay in memory and in snapshots).
+    pub archives: bool,
     pub projection: Option<Box<dyn Projection>>,
 }

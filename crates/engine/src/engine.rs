@@ -339,7 +339,7 @@ impl Engine {
             }
         })?;
         check_meta(&config.data_dir, config.partitions)?;
-        let archive = archive_on_disk
+        let archive = (archive_on_disk && apps.iter().any(|app| app.archives))
             .then(|| {
                 let dir = config.data_dir.join("archive");
                 ArchiveDatabase::open(&dir, config.archive_cache_bytes)

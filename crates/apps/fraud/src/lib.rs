@@ -73,6 +73,7 @@ pub fn module(config: FraudConfig) -> AppModule {
                 restore_cipher.clone(),
             )?))
         }),
+        archives: false,
         projection: None,
     };
     let stream_listen = config.stream_listen;

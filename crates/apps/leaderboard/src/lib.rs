@@ -32,6 +32,7 @@ pub fn module() -> AppModule {
         name: APP_NAME,
         new_state: Box::new(|_| Box::new(LeaderboardState::default())),
         restore: Box::new(|_, input| Ok(Box::new(LeaderboardState::restore(input)?))),
+        archives: false,
         projection: None,
     };
     AppModule {

@@ -43,6 +43,7 @@ pub fn module(open_transfers_max: u64) -> AppModule {
         name: APP_NAME,
         new_state: Box::new(|_| Box::new(state::LedgerState::default())),
         restore: Box::new(|_, input| Ok(Box::new(state::LedgerState::restore(input)?))),
+        archives: true,
         projection: Some(Box::new(model::LedgerProjection {
             model: model.clone(),
             waiters: waiters.clone(),

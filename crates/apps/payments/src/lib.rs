@@ -88,6 +88,7 @@ pub fn module(config: PaymentsConfig) -> Result<AppModule, String> {
                 Arc::new(CaseStudyRules),
             )?))
         }),
+        archives: false,
         projection: Some(Box::new(PaymentsProjection {
             model: model.clone(),
         })),

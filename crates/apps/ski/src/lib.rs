@@ -119,6 +119,7 @@ pub fn module(config: SkiConfig) -> AppModule {
         name: APP_NAME,
         new_state: Box::new(|_| Box::new(SkiState::default())),
         restore: Box::new(|_, input| Ok(Box::new(SkiState::restore(input)?))),
+        archives: false,
         projection: Some(Box::new(model::RideProjection::new(model.clone()))),
     };
     AppModule {

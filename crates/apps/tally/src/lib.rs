@@ -28,6 +28,7 @@ pub fn module() -> AppModule {
         name: APP_NAME,
         new_state: Box::new(|_| Box::new(state::TallyState::default())),
         restore: Box::new(|_, input| Ok(Box::new(state::TallyState::restore(input)?))),
+        archives: false,
         projection: Some(Box::new(TotalsProjection::new(totals.clone()))),
     };
     AppModule {
