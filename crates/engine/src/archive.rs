@@ -100,6 +100,13 @@ impl ArchiveStore {
         Ok(Some((lsn, stored)))
     }
 
+    /// The value stored under `app`'s `key`, whichever command archived it.
+    pub fn get_value(&self, app: AppId, key: &[u8]) -> Result<Option<Vec<u8>>, ArchiveError> {
+        Ok(self
+            .get(&full_key(app, key))?
+            .map(|(_, stored)| stored[8..].to_vec()))
+    }
+
     /// Stores `records`, in LSN order, in one write; not yet synced (see [`Self::persist`]).
     pub fn put_all(&self, records: &[ArchivedRecord]) -> Result<(), ArchiveError> {
         let Some(last) = records.last() else {

@@ -1,7 +1,7 @@
 //! Wiring: start-up (recovery of every partition and projection), the handle callers use, shutdown.
 
 use crate::app::{AppSpec, StateMachine};
-use crate::archive::{ArchiveDatabase, ArchiveReader};
+use crate::archive::{ArchiveDatabase, ArchiveReader, ArchiveStore};
 use crate::cluster::{Command, Peers, Remote};
 use crate::core::Core;
 use crate::idempotency::IdempotencyTable;
@@ -136,9 +136,10 @@ struct Starter {
     feeds: Mutex<Option<Vec<FeedSender>>>,
     /// Per partition, per projection: the LSN its checkpoint covers (the journal keeps what is after).
     floors_by_partition: Vec<Vec<Arc<AtomicU64>>>,
-    /// The archive's store on disk, with the embedded journal only: a state whose journal is on Kafka
-    /// must outlive this machine's disk, so its archive stays in memory and in snapshots.
-    archive: Option<ArchiveDatabase>,
+    /// The archive's store on disk, by partition, with the embedded journal only: a state whose
+    /// journal is on Kafka must outlive this machine's disk, so its archive stays in memory and in
+    /// snapshots.
+    archive_stores: Option<Vec<ArchiveStore>>,
 }
 
 struct Inner {
@@ -339,10 +340,13 @@ impl Engine {
             }
         })?;
         check_meta(&config.data_dir, config.partitions)?;
-        let archive = (archive_on_disk && apps.iter().any(|app| app.archives))
+        let archive_stores = (archive_on_disk && apps.iter().any(|app| app.archives))
             .then(|| {
                 let dir = config.data_dir.join("archive");
-                ArchiveDatabase::open(&dir, config.archive_cache_bytes)
+                let db = ArchiveDatabase::open(&dir, config.archive_cache_bytes)?;
+                (0..config.partitions)
+                    .map(|partition| db.partition(partition))
+                    .collect::<Result<Vec<_>, _>>()
             })
             .transpose()?;
         let partition_count = config.partitions;
@@ -429,7 +433,7 @@ impl Engine {
                 queue_capacity: config.queue_capacity,
                 feeds: Mutex::new(Some(feeds)),
                 floors_by_partition,
-                archive,
+                archive_stores,
             },
         };
         let engine = Self {
@@ -509,9 +513,8 @@ impl Inner {
     fn recover(&self, partition: PartitionId, log: &dyn Log) -> Result<Core, StartError> {
         let starter = &self.starter;
         let snapshot_dir = crate::snapshot_dir(&starter.data_dir, partition);
-        let archive = (starter.archive.as_ref())
-            .map(|db| db.partition(partition))
-            .transpose()?;
+        let archive =
+            (starter.archive_stores.as_ref()).map(|stores| stores[usize::from(partition)].clone());
         crate::recovery::recover_partition(
             partition,
             self.partition_count,
@@ -693,6 +696,25 @@ impl EngineHandle {
             (state as &dyn Any).downcast_ref::<S>().map(read)
         })
         .await
+    }
+
+    /// What `app` archived under `key` on `partition`, if it is in the archive's store, read on the
+    /// calling thread instead of through the partition's queue (which holds a read until the next group
+    /// commit): a stored record is final and its command durable, so any reader may have it. `None`
+    /// when it is not stored: not archived, archived so recently it is still in memory, or archived
+    /// where there is no store (a journal on Kafka); [`Self::query_archive`] answers those.
+    ///
+    /// May read the disk: call it where blocking is allowed (`tokio::task::spawn_blocking`).
+    pub fn read_stored(
+        &self,
+        partition: PartitionId,
+        app: AppId,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>, crate::ArchiveError> {
+        match &self.inner.starter.archive_stores {
+            Some(stores) => stores[usize::from(partition)].get_value(app, key),
+            None => Ok(None),
+        }
     }
 
     /// [`Self::query`] for reads that may need what the app archived (see `Effects::archive`).

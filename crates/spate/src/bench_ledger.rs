@@ -35,6 +35,10 @@ pub struct LedgerBench {
     /// the batch load goes on, for --duration-s
     #[arg(long, default_value_t = 0)]
     ledger_history: u64,
+    /// ledger: with --ledger-history, the rate of the second read run, open loop (the first is
+    /// closed loop, as many reads as 4 connections get)
+    #[arg(long, default_value_t = 1000.0)]
+    ledger_history_read_rate: f64,
 }
 
 /// `GET /participants`: the transfers in each state and the positions' sum, from the read model once it
@@ -333,36 +337,62 @@ fn history(args: &BenchArgs) -> anyhow::Result<String> {
     let last = samples.last().context("no sample")?;
     // Closed-loop writers progress alike: half the mean share is written by every one of them.
     let per_writer = (stored / u64::from(writers) / 2).max(1);
-    let mut writes = batch_load(2);
-    writes.duration_s = args.duration_s;
-    let mut reads = LoadArgs::new("ledger", "reads", &server.http);
-    (reads.participants, reads.seed, reads.connections) = (16, 1, 4);
-    (reads.written_by, reads.users, reads.duration_s) = (writers, per_writer, args.duration_s);
-    eprintln!("ledger history: reads of old transfers under the batch load ...");
-    let (read_report, write_report) = std::thread::scope(|scope| {
-        let writing = scope.spawn(|| load_http(&writes));
-        let read_report = load_http(&reads);
-        (
-            read_report,
-            writing.join().expect("the writer does not panic"),
-        )
-    });
-    let (read_report, write_report) = (read_report?, write_report?);
-    write_outputs(&read_report, &args.out, "ledger-history-reads")?;
+    // Reads under the batch load: as many as 4 connections get, then at a set rate.
+    let read_runs = [None, Some(settings.ledger_history_read_rate)];
+    let mut rows = String::new();
+    for (round, rate) in read_runs.into_iter().enumerate() {
+        let mut writes = batch_load(2 + round as u64);
+        writes.duration_s = args.duration_s;
+        let mut reads = LoadArgs::new("ledger", "reads", &server.http);
+        // The seed of the fill, whose transfers are read.
+        (reads.participants, reads.seed) = (16, 1);
+        reads.connections = if rate.is_some() { 32 } else { 4 };
+        (reads.written_by, reads.users, reads.duration_s) = (writers, per_writer, args.duration_s);
+        reads.rate = rate;
+        let shape = match rate {
+            None => "closed loop, 4 connections".to_string(),
+            Some(rate) => format!("open loop, {rate:.0}/s, 32 connections"),
+        };
+        eprintln!("ledger history: reads of old transfers under the batch load, {shape} ...");
+        let (read_report, write_report) = std::thread::scope(|scope| {
+            let writing = scope.spawn(|| load_http(&writes));
+            let read_report = load_http(&reads);
+            (
+                read_report,
+                writing.join().expect("the writer does not panic"),
+            )
+        });
+        let (read_report, write_report) = (read_report?, write_report?);
+        let name = match rate {
+            None => "ledger-history-reads".to_string(),
+            Some(_) => "ledger-history-reads-open".to_string(),
+        };
+        write_outputs(&read_report, &args.out, &name)?;
+        let l = &read_report.latency;
+        rows.push_str(&format!(
+            "| {shape} | {:.0} | {:.2} ms | {:.2} ms | {:.1} ms | {:.3}% | {:.0} |\n",
+            read_report.ok_rate_per_s,
+            l.p50_us as f64 / 1000.0,
+            l.p99_us as f64 / 1000.0,
+            l.max_us as f64 / 1000.0,
+            read_report.error_share * 100.0,
+            write_report.ok_rate_per_s * batch as f64 / 2.0,
+        ));
+    }
     let rss = crate::bench::rss_bytes(server.pid())?;
     drop(server);
-    let l = &read_report.latency;
     Ok(format!(
         "## ledger history: {stored} transfers stored, then random old ones read under write load\n\n\
          Filled with the batch API ({writers} connections x {batch} operations, {partitions} partitions) in \
-         {:.0} s ({:.0} transfers/s); then for {:.0} s, 4 connections `GET /transfers/{{id}}` of random \
-         transfers among the first half of each writer's while the same batch load goes on. Memory and disk \
-         during the fill: `ledger-history-memory.svg` and `.csv`.\n\n\
-         | stored | RSS after the fill / after the reads | archive on disk | per transfer | data directory | \
-         reads/s | read p50 | p99 | max | read errors | transfers/s meanwhile |\n\
-         |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n\
-         | {stored} | {:.0} / {:.0} MiB | {:.0} MiB | {:.0} B | {:.0} MiB | {:.0} | {:.2} ms | {:.2} ms | \
-         {:.1} ms | {:.3}% | {:.0} |\n\n",
+         {:.0} s ({:.0} transfers/s); then, for {:.0} s each, `GET /transfers/{{id}}` of random transfers \
+         among the first half of each writer's while the same batch load goes on. Memory and disk during \
+         the fill: `ledger-history-memory.svg` and `.csv`.\n\n\
+         | stored | RSS after the fill / after the reads | archive on disk | per transfer | data directory |\n\
+         |---:|---|---:|---:|---:|\n\
+         | {stored} | {:.0} / {:.0} MiB | {:.0} MiB | {:.0} B | {:.0} MiB |\n\n\
+         | reads | reads/s | p50 | p99 | max | errors | transfers/s meanwhile |\n\
+         |---|---:|---:|---:|---:|---:|---:|\n\
+         {rows}\n",
         filled.measured_seconds,
         filled.ok_rate_per_s * batch as f64 / 2.0,
         args.duration_s,
@@ -371,12 +401,6 @@ fn history(args: &BenchArgs) -> anyhow::Result<String> {
         mib(last.archive_bytes),
         last.archive_bytes as f64 / stored.max(1) as f64,
         mib(last.data_bytes),
-        read_report.ok_rate_per_s,
-        l.p50_us as f64 / 1000.0,
-        l.p99_us as f64 / 1000.0,
-        l.max_us as f64 / 1000.0,
-        read_report.error_share * 100.0,
-        write_report.ok_rate_per_s * batch as f64 / 2.0,
     ))
 }
 
