@@ -5,7 +5,7 @@ use super::parse::{
     transfer_spec, validation,
 };
 use super::{
-    Ctx, RESERVATION_WAIT, TransferBody, Waiting, failed_operation, prepare_command,
+    Ctx, Ledger, RESERVATION_WAIT, TransferBody, Waiting, failed_operation, prepare_command,
     reservation_refusal, transfer_body, unexpected,
 };
 use crate::APP_ID;
@@ -111,12 +111,35 @@ struct PartitionShare {
     commands: Vec<Command>,
 }
 
-/// `POST /transfers/batch`: many prepares, fulfils and rejects in one request, each applied as the
-/// single request would be, in order per transfer; one result per operation, in order. The operations
-/// each partition owns go to it as one command, so a batch costs a few journal records, not one per
-/// operation. The answer comes once every prepare's reservation is settled.
-pub(super) async fn batch(State(ledger): Ctx, body: Bytes) -> Result<Response, ApiError> {
-    let Batch { operations } = parse_body(&body)?;
+/// Request bodies from this size up are parsed, and their answers written, on tokio's blocking pool:
+/// a batch of 8,000 operations holds a thread for milliseconds, and on a runtime worker that delays
+/// every other request queued behind it (reads of old transfers waited 3 ms at the median behind the
+/// batch load; BENCHMARKS.md, "ledger history"). Smaller ones stay on the worker, sparing two thread
+/// hand-offs.
+const HEAVY_BODY_BYTES: usize = 64 << 10;
+
+/// Runs `work` on tokio's blocking pool if `heavy`, else here.
+async fn run_heavy<T: Send + 'static>(heavy: bool, work: impl FnOnce() -> T + Send + 'static) -> T {
+    if !heavy {
+        return work();
+    }
+    match tokio::task::spawn_blocking(work).await {
+        Ok(done) => done,
+        Err(error) => std::panic::resume_unwind(error.into_panic()),
+    }
+}
+
+/// A batch parsed and split by partition, before anything is queued.
+struct BatchPlan {
+    /// One per operation; those that failed before reaching a partition are already filled in.
+    results: Vec<Option<TransferBody>>,
+    /// (position in the batch, transfer id) of each prepare queued.
+    prepared: Vec<(usize, TransferId)>,
+    shares: Vec<PartitionShare>,
+}
+
+fn plan_batch(ledger: &Ledger, body: &Bytes) -> Result<BatchPlan, ApiError> {
+    let Batch { operations } = parse_body(body)?;
     if operations.is_empty() || operations.len() > BATCH_OPERATIONS_MAX {
         return Err(validation(format!(
             "a batch holds 1 to {BATCH_OPERATIONS_MAX} operations"
@@ -126,57 +149,73 @@ pub(super) async fn batch(State(ledger): Ctx, body: Bytes) -> Result<Response, A
     // Parsed before the model is locked: the projection waits for that lock.
     let parsed: Vec<_> = operations.iter().map(|op| batch_command(op)).collect();
     let mut prepared: Vec<(usize, TransferId)> = Vec::new();
-    let shares = {
-        let model = ledger
-            .model
-            .read()
-            .expect("the ledger model lock is never poisoned");
-        let mut shares: Vec<PartitionShare> = Vec::new();
-        for (slot, parsed) in parsed.into_iter().enumerate() {
-            let (id, command) = match parsed {
-                Ok(parsed) => parsed,
-                Err(error) => {
-                    results[slot] = Some(failed_operation(None, error));
-                    continue;
-                }
-            };
-            let command = match command {
-                Command::Prepare(spec) => {
-                    match prepare_command(&model, ledger.open_transfers_max, spec) {
-                        Ok(command) => {
-                            prepared.push((slot, id));
-                            command
-                        }
-                        Err(error) => {
-                            results[slot] = Some(failed_operation(Some(id), error));
-                            continue;
-                        }
+    let model = ledger
+        .model
+        .read()
+        .expect("the ledger model lock is never poisoned");
+    let mut shares: Vec<PartitionShare> = Vec::new();
+    for (slot, parsed) in parsed.into_iter().enumerate() {
+        let (id, command) = match parsed {
+            Ok(parsed) => parsed,
+            Err(error) => {
+                results[slot] = Some(failed_operation(None, error));
+                continue;
+            }
+        };
+        let command = match command {
+            Command::Prepare(spec) => {
+                match prepare_command(&model, ledger.open_transfers_max, spec) {
+                    Ok(command) => {
+                        prepared.push((slot, id));
+                        command
+                    }
+                    Err(error) => {
+                        results[slot] = Some(failed_operation(Some(id), error));
+                        continue;
                     }
                 }
-                other => other,
-            };
-            let partition = ledger.engine.partition_of(&owner_key(&Owner::Transfer(id)));
-            let share = match shares.iter().position(|s| s.partition == partition) {
-                Some(index) => &mut shares[index],
-                None => {
-                    shares.push(PartitionShare {
-                        partition,
-                        slots: Vec::new(),
-                        commands: Vec::new(),
-                    });
-                    shares.last_mut().expect("just pushed")
-                }
-            };
-            share.slots.push((slot, id));
-            share.commands.push(command);
-        }
-        shares
-    };
+            }
+            other => other,
+        };
+        let partition = ledger.engine.partition_of(&owner_key(&Owner::Transfer(id)));
+        let share = match shares.iter().position(|s| s.partition == partition) {
+            Some(index) => &mut shares[index],
+            None => {
+                shares.push(PartitionShare {
+                    partition,
+                    slots: Vec::new(),
+                    commands: Vec::new(),
+                });
+                shares.last_mut().expect("just pushed")
+            }
+        };
+        share.slots.push((slot, id));
+        share.commands.push(command);
+    }
+    Ok(BatchPlan {
+        results,
+        prepared,
+        shares,
+    })
+}
+
+/// `POST /transfers/batch`: many prepares, fulfils and rejects in one request, each applied as the
+/// single request would be, in order per transfer; one result per operation, in order. The operations
+/// each partition owns go to it as one command, so a batch costs a few journal records, not one per
+/// operation. The answer comes once every prepare's reservation is settled.
+pub(super) async fn batch(State(ledger): Ctx, body: Bytes) -> Result<Response, ApiError> {
+    let heavy = body.len() >= HEAVY_BODY_BYTES;
+    let planning = ledger.clone();
+    let BatchPlan {
+        mut results,
+        prepared,
+        shares,
+    } = run_heavy(heavy, move || plan_batch(&planning, &body)).await?;
     let (_waiting, receivers) = Waiting::register(
         &ledger.waiters,
         prepared.iter().map(|&(_, id)| id).collect(),
     );
-    let mut reservations: Vec<Option<_>> = (0..operations.len()).map(|_| None).collect();
+    let mut reservations: Vec<Option<_>> = (0..results.len()).map(|_| None).collect();
     for ((slot, _), receiver) in prepared.into_iter().zip(receivers) {
         reservations[slot] = Some(receiver);
     }
@@ -224,7 +263,10 @@ pub(super) async fn batch(State(ledger): Ctx, body: Bytes) -> Result<Response, A
         .into_iter()
         .map(|result| result.expect("every operation has a result"))
         .collect();
-    Ok(json(StatusCode::OK, &BatchResults { results }))
+    Ok(run_heavy(heavy, move || {
+        json(StatusCode::OK, &BatchResults { results })
+    })
+    .await)
 }
 
 /// The replies to one partition's share of a batch, one per command.
