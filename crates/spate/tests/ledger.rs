@@ -745,3 +745,59 @@ fn an_archive_store_that_lost_records_is_refused_at_start_up() {
         );
     }
 }
+
+#[test]
+fn snapshots_and_checkpoints_fall_due_by_journal_bytes_too() {
+    // A batch of a thousand operations is one journal record per step: counted in records alone, no
+    // snapshot or read model checkpoint would ever fall due, and the journal would never be released.
+    let dir = tempfile::tempdir().unwrap();
+    let never = "1000000000";
+    let server = Server::start(
+        dir.path(),
+        &[
+            "--apps",
+            "ledger",
+            "--partitions",
+            "1",
+            "--snapshot-interval-records",
+            never,
+            "--snapshot-interval-bytes",
+            "65536",
+            "--projection-checkpoint-interval-records",
+            never,
+            "--projection-checkpoint-interval-bytes",
+            "65536",
+        ],
+        None,
+    );
+    let (agent, base) = (agent(), server.base.clone());
+    create(&agent, &base, "dfspa", "1000000");
+    create(&agent, &base, "dfspb", "1000000");
+    let snapshots = || {
+        support::metrics_text(&agent, &base)
+            .lines()
+            .find_map(|line| line.strip_prefix("spate_snapshot_seconds_count{partition=\"0\"} "))
+            .map_or(0.0, |count| count.parse::<f64>().unwrap())
+    };
+    assert_eq!(snapshots(), 0.0, "nothing fell due yet");
+    let checkpoint = dir.path().join("projections/ledger.snap");
+    assert!(!checkpoint.exists());
+    let count = 1_000u64;
+    let prepares: Vec<Value> = (1..=count)
+        .map(|n| json!({"prepare": prepare_body(n, "dfspa", "dfspb", "1", 600_000)}))
+        .collect();
+    let (status, body) = post(
+        &agent,
+        &format!("{base}/transfers/batch"),
+        &json!({"operations": prepares}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        eventually(Duration::from_secs(10), || snapshots() >= 1.0),
+        "no snapshot after more than 64 KiB of journal"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || checkpoint.exists()),
+        "no read model checkpoint after more than 64 KiB of journal"
+    );
+}

@@ -565,9 +565,13 @@ async fn get_transfer(State(ledger): Ctx, Path(id): Path<String>) -> Result<Resp
     let partition = ledger.engine.partition_of(&transfer_archive_key(id));
     // Most transfers asked for long after they were made are final and stored: read them without
     // queueing behind the partition's writes; the partition answers for the rest.
-    let stored = (ledger.engine)
-        .read_stored(partition, APP_ID, &transfer_archive_key(id))
-        .map_err(archive_error)?;
+    let engine = ledger.engine.clone();
+    let stored = tokio::task::spawn_blocking(move || {
+        engine.read_stored(partition, APP_ID, &transfer_archive_key(id))
+    })
+    .await
+    .map_err(archive_error)?
+    .map_err(archive_error)?;
     let found = match stored {
         Some(bytes) => Some(decode_archived::<Transfer>(&bytes)),
         None => ledger
