@@ -337,17 +337,22 @@ fn history(args: &BenchArgs) -> anyhow::Result<String> {
     let last = samples.last().context("no sample")?;
     // Closed-loop writers progress alike: half the mean share is written by every one of them.
     let per_writer = (stored / u64::from(writers) / 2).max(1);
+    let old_reads = |http: &str| {
+        let mut reads = LoadArgs::new("ledger", "reads", http);
+        // The seed of the fill, whose transfers are read.
+        (reads.participants, reads.seed) = (16, 1);
+        (reads.written_by, reads.users) = (writers, per_writer);
+        reads
+    };
     // Reads under the batch load: as many as 4 connections get, then at a set rate.
     let read_runs = [None, Some(settings.ledger_history_read_rate)];
     let mut rows = String::new();
     for (round, rate) in read_runs.into_iter().enumerate() {
         let mut writes = batch_load(2 + round as u64);
         writes.duration_s = args.duration_s;
-        let mut reads = LoadArgs::new("ledger", "reads", &server.http);
-        // The seed of the fill, whose transfers are read.
-        (reads.participants, reads.seed) = (16, 1);
+        let mut reads = old_reads(&server.http);
         reads.connections = if rate.is_some() { 32 } else { 4 };
-        (reads.written_by, reads.users, reads.duration_s) = (writers, per_writer, args.duration_s);
+        reads.duration_s = args.duration_s;
         reads.rate = rate;
         let shape = match rate {
             None => "closed loop, 4 connections".to_string(),
@@ -380,6 +385,17 @@ fn history(args: &BenchArgs) -> anyhow::Result<String> {
         ));
     }
     let rss = crate::bench::rss_bytes(server.pid())?;
+    // Restart to serving: from kill -9 to a server that listens (recovery is done by then), then
+    // random old transfers read from it.
+    server.kill9()?;
+    eprintln!("ledger history: kill -9, then a restart ...");
+    let restarting = std::time::Instant::now();
+    let server = start_server(data_dir.path(), "ledger", Some(partitions))?;
+    let restart_s = restarting.elapsed().as_secs_f64();
+    let rss_restarted = crate::bench::rss_bytes(server.pid())?;
+    let mut after = old_reads(&server.http);
+    (after.requests, after.warmup_s) = (Some(10_000), 0.0);
+    let after = load_http(&after)?;
     drop(server);
     Ok(format!(
         "## ledger history: {stored} transfers stored, then random old ones read under write load\n\n\
@@ -392,7 +408,9 @@ fn history(args: &BenchArgs) -> anyhow::Result<String> {
          | {stored} | {:.0} / {:.0} MiB | {:.0} MiB | {:.0} B | {:.0} MiB |\n\n\
          | reads | reads/s | p50 | p99 | max | errors | transfers/s meanwhile |\n\
          |---|---:|---:|---:|---:|---:|---:|\n\
-         {rows}\n",
+         {rows}\n\
+         Restart after kill -9: serving after **{restart_s:.1} s**, RSS {:.0} MiB; then {} random old \
+         transfers read at {:.0}/s, p99 {:.2} ms, errors {:.3}%.\n\n",
         filled.measured_seconds,
         filled.ok_rate_per_s * batch as f64 / 2.0,
         args.duration_s,
@@ -401,6 +419,11 @@ fn history(args: &BenchArgs) -> anyhow::Result<String> {
         mib(last.archive_bytes),
         last.archive_bytes as f64 / stored.max(1) as f64,
         mib(last.data_bytes),
+        mib(rss_restarted),
+        after.requests,
+        after.ok_rate_per_s,
+        after.latency.p99_us as f64 / 1000.0,
+        after.error_share * 100.0,
     ))
 }
 
