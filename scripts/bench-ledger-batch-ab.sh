@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The ledger's batch API on two spate binaries, back to back: each serves the ledger on one partition
+# under `spate load ledger batch` in closed loop; prints requests/s and the server's CPU seconds (from
+# /proc/<pid>/stat) for the run. Rounds alternate A and B to spread the machine's noise. An optional
+# environment for the servers (such as a tuning knob of a local build) goes in SERVER_ENV.
+# Usage: scripts/bench-ledger-batch-ab.sh BINARY_A BINARY_B [CONNECTIONS [OPERATIONS [SECONDS [ROUNDS]]]]
+set -euo pipefail
+binaries=("$1" "$2")
+connections=${3:-64}
+operations=${4:-100}
+seconds=${5:-10}
+rounds=${6:-2}
+ticks_per_s=$(getconf CLK_TCK)
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+run() {
+    local binary=$1 dir
+    dir=$(mktemp -d)
+    coproc server { exec env ${SERVER_ENV:-} "$binary" serve --apps ledger --partitions 1 \
+        --listen 127.0.0.1:0 --fraud-stream-listen 127.0.0.1:0 --data-dir "$dir/data" 2>"$dir/log"; }
+    local base="" line
+    while read -r line <&"${server[0]}"; do
+        case $line in "spate listening on "*) base=${line#spate listening on }; break ;; esac
+    done
+    [ -n "$base" ] || { echo "the server did not start: $(cat "$dir/log")" >&2; exit 1; }
+    local before after rate
+    before=$(cpu_ticks "$server_PID")
+    "$binary" load ledger batch --target "$base" --connections "$connections" --batch "$operations" \
+        --duration-s "$seconds" --out "$dir" >"$dir/load" 2>&1
+    after=$(cpu_ticks "$server_PID")
+    rate=$(grep -o '"ok_rate_per_s": *[0-9.]*' "$dir"/ledger-batch.json | grep -o '[0-9.]*$')
+    awk -v binary="$binary" -v rate="$rate" -v ticks=$((after - before)) -v hz="$ticks_per_s" \
+        'BEGIN { printf "%s: %.0f requests/s, server CPU %.1f s\n", binary, rate, ticks / hz }'
+    kill "$server_PID"
+    wait "$server_PID" || true
+    rm -rf "$dir"
+}
+
+for _ in $(seq "$rounds"); do
+    for binary in "${binaries[@]}"; do
+        run "$binary"
+    done
+done
