@@ -33,6 +33,8 @@ pub struct SegmentedMap<K, V, C> {
     /// Per segment: whether the snapshot in progress has yet to write it.
     pending: Box<[bool]>,
     pending_count: usize,
+    /// From [`Self::begin_snapshot`] until a step writes the snapshot's end.
+    snapshot_in_progress: bool,
     /// The next segment a step looks at.
     cursor: usize,
     /// Blocks of segments written out of turn, because apply was about to change them.
@@ -53,6 +55,7 @@ impl<K: Hash + Eq, V, C: EntryCodec<K, V>> SegmentedMap<K, V, C> {
             router: foldhash::fast::FixedState::with_seed(0x5e97_a7e5_5e97_a7e5),
             pending: vec![false; segment_count].into(),
             pending_count: 0,
+            snapshot_in_progress: false,
             cursor: 0,
             preserved: Vec::new(),
             codec: PhantomData,
@@ -70,6 +73,37 @@ impl<K: Hash + Eq, V, C: EntryCodec<K, V>> SegmentedMap<K, V, C> {
         K: Borrow<Q>,
     {
         self.segments[self.segment_of(key)].get(key)
+    }
+
+    pub fn contains_key<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+    {
+        self.get(key).is_some()
+    }
+
+    /// The value of `key`, to change: a snapshot in progress first writes its segment as it is.
+    pub fn get_mut<Q: Hash + Eq + ?Sized>(&mut self, key: &Q) -> Option<&mut V>
+    where
+        K: Borrow<Q>,
+    {
+        let segment = self.segment_of(key);
+        self.preserve(segment);
+        self.segments[segment].get_mut(key)
+    }
+
+    pub fn remove<Q: Hash + Eq + ?Sized>(&mut self, key: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+    {
+        let segment = self.segment_of(key);
+        self.preserve(segment);
+        self.segments[segment].remove(key)
+    }
+
+    /// Every entry, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.segments.iter().flatten()
     }
 
     /// The value of `key`, inserted with `default` if absent.
@@ -97,18 +131,23 @@ impl<K: Hash + Eq, V, C: EntryCodec<K, V>> SegmentedMap<K, V, C> {
 
     /// Starts a snapshot of the map as it is now; [`Self::snapshot_step`] writes it.
     pub fn begin_snapshot(&mut self) {
-        assert!(
-            self.pending_count == 0 && self.preserved.is_empty(),
-            "one snapshot at a time"
-        );
+        assert!(!self.snapshot_in_progress, "one snapshot at a time");
+        assert!(self.pending_count == 0 && self.preserved.is_empty());
+        self.snapshot_in_progress = true;
         self.pending.fill(true);
         self.pending_count = self.segments.len();
         self.cursor = 0;
     }
 
+    /// Whether a snapshot began and a step has yet to write its end.
+    pub fn snapshot_in_progress(&self) -> bool {
+        self.snapshot_in_progress
+    }
+
     /// Writes what changes forced out since the last step, then pending segments until about
     /// `bytes_budget` bytes are written; true once the whole snapshot is written.
     pub fn snapshot_step(&mut self, out: &mut dyn Write, bytes_budget: usize) -> io::Result<bool> {
+        assert!(self.snapshot_in_progress, "a step belongs to a snapshot");
         let mut written = self.preserved.len();
         out.write_all(&self.preserved)?;
         self.preserved.clear();
@@ -128,6 +167,7 @@ impl<K: Hash + Eq, V, C: EntryCodec<K, V>> SegmentedMap<K, V, C> {
             return Ok(false);
         }
         out.write_u32_le(END)?;
+        self.snapshot_in_progress = false;
         Ok(true)
     }
 
@@ -210,20 +250,16 @@ mod tests {
         let mut bytes = Vec::new();
         map.write_all(&mut bytes).unwrap();
         let read = Map::read(&mut bytes.as_slice(), 4).unwrap();
-        read.segments
-            .iter()
-            .flatten()
-            .map(|(k, v)| (*k, *v))
-            .collect()
+        read.iter().map(|(k, v)| (*k, *v)).collect()
     }
 
     proptest! {
-        /// A snapshot written in steps, with inserts and updates between the steps, reads back as the
-        /// map was when it began; and the map itself has every change.
+        /// A snapshot written in steps, with inserts, updates and removals between the steps, reads
+        /// back as the map was when it began; and the map itself has every change.
         #[test]
         fn a_stepped_snapshot_is_the_map_at_its_start(
             before in proptest::collection::vec((0..500u32, any::<u64>()), 0..400),
-            during in proptest::collection::vec((0..600u32, any::<u64>(), any::<bool>()), 0..400),
+            during in proptest::collection::vec((0..600u32, any::<u64>(), 0..4u8), 0..400),
             budget in 1..300usize,
         ) {
             let mut map = Map::new(16);
@@ -237,30 +273,46 @@ mod tests {
             let mut snapshot = Vec::new();
             let mut changes = during.iter();
             loop {
+                prop_assert!(map.snapshot_in_progress());
                 let done = map.snapshot_step(&mut snapshot, budget).unwrap();
                 if done {
                     break;
                 }
-                // A few changes between steps; some updates in place, some inserts.
-                for (key, value, in_place) in changes.by_ref().take(3) {
-                    if *in_place {
-                        *map.get_or_insert_with(*key, || 0) += value % 1000;
-                        *model.entry(*key).or_insert(0) += value % 1000;
-                    } else {
-                        map.insert(*key, *value);
-                        model.insert(*key, *value);
-                    }
+                for (key, value, kind) in changes.by_ref().take(3) {
+                    change(&mut map, &mut model, *key, *value, *kind);
                 }
             }
+            prop_assert!(!map.snapshot_in_progress());
             let read = Map::read(&mut snapshot.as_slice(), 64).unwrap();
-            let read: BTreeMap<u32, u64> = read.segments.iter().flatten().map(|(k, v)| (*k, *v)).collect();
+            let read: BTreeMap<u32, u64> = read.iter().map(|(k, v)| (*k, *v)).collect();
             prop_assert_eq!(read, at_start);
-            for (key, value, _) in changes {
-                map.insert(*key, *value);
-                model.insert(*key, *value);
+            for (key, value, kind) in changes {
+                change(&mut map, &mut model, *key, *value, *kind);
             }
             prop_assert_eq!(contents(&map), model);
         }
+    }
+
+    /// One change to both the map and its model: an update in place, an update through `get_mut`, a
+    /// removal or an insert.
+    fn change(map: &mut Map, model: &mut BTreeMap<u32, u64>, key: u32, value: u64, kind: u8) {
+        match kind {
+            0 => {
+                *map.get_or_insert_with(key, || 0) += value % 1000;
+                *model.entry(key).or_insert(0) += value % 1000;
+            }
+            1 => {
+                if let Some(found) = map.get_mut(&key) {
+                    *found ^= value;
+                }
+                if let Some(found) = model.get_mut(&key) {
+                    *found ^= value;
+                }
+            }
+            2 => assert_eq!(map.remove(&key), model.remove(&key)),
+            _ => assert_eq!(map.insert(key, value), model.insert(key, value)),
+        }
+        assert_eq!(map.contains_key(&key), model.contains_key(&key));
     }
 
     #[test]

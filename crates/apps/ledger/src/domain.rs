@@ -26,10 +26,11 @@
 //! A transfer that reaches COMMITTED or ABORTED never changes again: it leaves the partition's memory
 //! for the archive ([`Context::archive`]), where duplicate checks and reads still find it.
 
+use crate::snapshot::{OpenTransfers, PARTICIPANT_SEGMENTS, Participants, TRANSFER_SEGMENTS};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::borrow::Cow;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 /// A participant's name or a currency: short, so held inline without an allocation (up to 24 bytes;
 /// names are at most 32), which matters when every step of a transfer carries two of them.
@@ -417,15 +418,26 @@ pub fn fulfils(fulfilment: &[u8; 32], condition: &[u8; 32]) -> bool {
     Sha256::digest(fulfilment).as_slice() == condition
 }
 
-/// The state one partition owns: some participants and some transfers.
-#[derive(Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The state one partition owns: some participants and its open transfers. Both maps are segmented,
+/// so that a snapshot is written in steps while apply goes on (see `crate::snapshot`).
+#[derive(Debug)]
 pub struct LedgerPartition {
-    participants: HashMap<Name, Participant>,
-    /// Boxed, so growing the map moves pointers, not transfers: a map of millions of inline transfers
-    /// stalls its partition for seconds when it resizes.
-    transfers: HashMap<TransferId, Box<Transfer>>,
-    /// (expiration, id) of transfers that may still expire: RECEIVED or RESERVED.
-    expiries: BTreeSet<(u64, TransferId)>,
+    pub(crate) participants: Participants,
+    /// Boxed, so growing a segment moves pointers, not transfers.
+    pub(crate) transfers: OpenTransfers,
+    /// (expiration, id) of every open transfer (RECEIVED or RESERVED): all of them may still expire.
+    /// Not in snapshots: it is rebuilt from `transfers`.
+    pub(crate) expiries: BTreeSet<(u64, TransferId)>,
+}
+
+impl Default for LedgerPartition {
+    fn default() -> Self {
+        Self {
+            participants: Participants::new(PARTICIPANT_SEGMENTS),
+            transfers: OpenTransfers::new(TRANSFER_SEGMENTS),
+            expiries: BTreeSet::new(),
+        }
+    }
 }
 
 impl LedgerPartition {
@@ -444,7 +456,7 @@ impl LedgerPartition {
 
     /// The open transfers.
     pub fn open_transfers(&self) -> impl Iterator<Item = &Transfer> {
-        self.transfers.values().map(|transfer| &**transfer)
+        self.transfers.iter().map(|(_, transfer)| &**transfer)
     }
 
     /// The transfer `id`, open or archived.
@@ -797,7 +809,7 @@ impl LedgerPartition {
         at: &mut Context<'_>,
         out: &mut Output,
     ) -> TransferState {
-        let transfer = &self.transfers[&id];
+        let transfer = self.transfers.get(&id).expect("the caller found it");
         assert_eq!(
             transfer.state,
             TransferState::Received,
@@ -943,7 +955,11 @@ impl LedgerPartition {
             .collect();
         for id in due {
             // A RECEIVED transfer expires when its reservation answer arrives.
-            if self.transfers[&id].state == TransferState::Reserved {
+            let transfer = self
+                .transfers
+                .get(&id)
+                .expect("expiries are of open transfers");
+            if transfer.state == TransferState::Reserved {
                 self.abort_reserved(id, AbortReason::Expired, at, out);
             }
         }

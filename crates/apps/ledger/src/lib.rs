@@ -4,6 +4,7 @@
 //! - `domain.rs`: the rules, as one partition applies them (pure; time comes with each command).
 //! - `state.rs`: the rules on the engine: postcard-encoded commands, replies and events, follow-ups
 //!   routed to the partition of the transfer or participant they concern.
+//! - `snapshot.rs`: the partition's snapshot, written in steps while apply goes on.
 //! - `model.rs`: the read model over all partitions, and the wake-up of prepares waiting for their
 //!   reservation.
 //! - `amount.rs`: FSPIOP decimal amounts held exactly in minor units. `http/`: the API, its request
@@ -13,6 +14,7 @@ mod amount;
 pub mod domain;
 mod http;
 mod model;
+mod snapshot;
 mod state;
 
 #[cfg(test)]

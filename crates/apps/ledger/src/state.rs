@@ -105,13 +105,16 @@ impl LedgerArchive for EngineArchive<'_, '_> {
 #[derive(Debug, Default)]
 pub struct LedgerState {
     pub ledger: LedgerPartition,
+    /// A snapshot began and its first step is still to come.
+    first_snapshot_step_due: bool,
 }
 
 impl LedgerState {
-    /// Reads exactly what `write_snapshot` wrote (other apps' state follows in the stream).
+    /// Reads exactly what the snapshot's steps wrote (other apps' state follows in the stream).
     pub fn restore(input: &mut dyn io::Read) -> io::Result<Self> {
         Ok(Self {
-            ledger: read_prefixed(input)?,
+            ledger: LedgerPartition::read_snapshot(input)?,
+            first_snapshot_step_due: false,
         })
     }
 }
@@ -160,6 +163,21 @@ impl StateMachine for LedgerState {
     }
 
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
-        write_prefixed(out, &encode(&self.ledger))
+        self.ledger.write_snapshot(out)
+    }
+
+    fn begin_snapshot(&mut self) -> bool {
+        self.ledger.begin_snapshot();
+        self.first_snapshot_step_due = true;
+        true
+    }
+
+    fn write_snapshot_step(
+        &mut self,
+        out: &mut dyn io::Write,
+        bytes_budget: usize,
+    ) -> io::Result<bool> {
+        let first = std::mem::take(&mut self.first_snapshot_step_due);
+        self.ledger.snapshot_step(out, bytes_budget, first)
     }
 }

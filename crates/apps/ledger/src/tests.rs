@@ -1,7 +1,7 @@
 //! The ledger's invariants under random interleavings: several partitions, follow-ups grouped per
 //! destination as the app sends them and delivered in a random order across pairs of partitions (in
 //! order within a pair, as the engine guarantees), with prepares, fulfils, rejects (alone or in client
-//! batches), ticks, cap changes and the clock moving on in between.
+//! batches), ticks, cap changes, snapshot steps and the clock moving on in between.
 
 use crate::domain::{
     AbortReason, Amount, Command, Context, Entry, EntryLog, ErrorCode, Event, LedgerArchive,
@@ -10,7 +10,7 @@ use crate::domain::{
 };
 use proptest::prelude::*;
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 const PARTITIONS: usize = 3;
 const PARTICIPANTS: [&str; 4] = ["dfsp0", "dfsp1", "dfsp2", "dfsp3"];
@@ -61,6 +61,11 @@ enum Op {
     },
     /// Prepares, fulfils and rejects sent as one client batch, a `Batch` command per partition.
     Batch(Vec<Op>),
+    /// Begins a snapshot of a partition, or writes its next step of about `budget` bytes.
+    SnapshotStep {
+        partition: usize,
+        budget: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -80,6 +85,7 @@ fn single_op() -> impl Strategy<Value = Op> {
         2 => (1..100u64).prop_map(|ms| Op::Advance { ms }),
         8 => any::<usize>().prop_map(|pick| Op::Deliver { pick }),
         1 => (0..4usize, 0..3000i128).prop_map(|(participant, ndc)| Op::SetNdc { participant, ndc }),
+        3 => (0..PARTITIONS, 1..3000usize).prop_map(|(partition, budget)| Op::SnapshotStep { partition, budget }),
     ]
 }
 
@@ -125,9 +131,19 @@ impl Archive {
     }
 }
 
+/// A snapshot of a partition being written in steps, and what it must read back as.
+struct SnapshotCheck {
+    written: Vec<u8>,
+    first_step_due: bool,
+    /// The partition written whole when the snapshot began.
+    expected: Vec<u8>,
+    expected_expiries: BTreeSet<(u64, TransferId)>,
+}
+
 struct Sim {
     partitions: Vec<LedgerPartition>,
     archives: Vec<Archive>,
+    snapshots: Vec<Option<SnapshotCheck>>,
     /// Follow-ups in flight, in order per (source, destination).
     lanes: BTreeMap<(usize, usize), VecDeque<Command>>,
     now_ms: u64,
@@ -150,6 +166,7 @@ impl Sim {
                 .map(|_| LedgerPartition::default())
                 .collect(),
             archives: (0..PARTITIONS).map(|_| Archive::default()).collect(),
+            snapshots: (0..PARTITIONS).map(|_| None).collect(),
             lanes: BTreeMap::new(),
             now_ms: 1_000,
             history: HashMap::new(),
@@ -399,6 +416,46 @@ impl Sim {
                     Command::SetNdc { name, ndc },
                 );
             }
+            Op::SnapshotStep { partition, budget } => self.snapshot_step(partition, budget),
+        }
+    }
+
+    /// Begins a snapshot of partition `at`, or writes its next step. A finished snapshot must read
+    /// back as the partition was when it began, whatever apply did between the steps.
+    fn snapshot_step(&mut self, at: usize, budget: usize) {
+        let partition = &mut self.partitions[at];
+        let Some(check) = &mut self.snapshots[at] else {
+            let mut expected = Vec::new();
+            partition.write_snapshot(&mut expected).unwrap();
+            partition.begin_snapshot();
+            self.snapshots[at] = Some(SnapshotCheck {
+                written: Vec::new(),
+                first_step_due: true,
+                expected,
+                expected_expiries: partition.expiries.clone(),
+            });
+            return;
+        };
+        let first = std::mem::take(&mut check.first_step_due);
+        if !(partition.snapshot_step(&mut check.written, budget, first)).unwrap() {
+            return;
+        }
+        let check = self.snapshots[at].take().expect("in progress");
+        let restored = LedgerPartition::read_snapshot(&mut check.written.as_slice()).unwrap();
+        let mut rewritten = Vec::new();
+        restored.write_snapshot(&mut rewritten).unwrap();
+        assert!(
+            rewritten == check.expected,
+            "partition {at}: the snapshot differs from the state it began with"
+        );
+        assert_eq!(restored.expiries, check.expected_expiries);
+    }
+
+    fn finish_snapshots(&mut self) {
+        for at in 0..PARTITIONS {
+            while self.snapshots[at].is_some() {
+                self.snapshot_step(at, 4096);
+            }
         }
     }
 
@@ -506,6 +563,7 @@ proptest! {
         while sim.deliver(0) {}
         sim.check_always();
         sim.check_quiescent();
+        sim.finish_snapshots();
         for spec in &sim.prepared {
             let state = sim.state_of(spec.id);
             prop_assert!(state.is_final(), "{} ended {state:?}", spec.id);
