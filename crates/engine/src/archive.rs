@@ -146,7 +146,7 @@ impl ArchiveStore {
 pub(crate) struct Archive {
     /// By full key (app, then the app's key): the archiving LSN and the value.
     pending: HashMap<Arc<[u8]>, (Lsn, Bytes)>,
-    /// The keys in `pending`, in archiving order; with a store only.
+    /// The keys in `pending`, in archiving order (one command may archive many records at one LSN).
     order: VecDeque<(Lsn, Arc<[u8]>)>,
     /// Archived by the last applies, for the partition thread to hand to the writer with their batch;
     /// with a store only.
@@ -155,7 +155,22 @@ pub(crate) struct Archive {
     /// Every record archived before this LSN is in the store, not in memory: what the store must
     /// hold for a snapshot of this archive.
     forgotten_through: Lsn,
+    snapshot: Option<SnapshotProgress>,
 }
+
+/// A snapshot of the archive being written in steps (see [`Archive::snapshot_step`]).
+#[derive(Debug, Clone, Copy)]
+struct SnapshotProgress {
+    /// The snapshot's LSN: it holds the records archived before it.
+    lsn: Lsn,
+    /// Where the next step starts in `order`: at LSN `next_lsn`, after `written_at_next_lsn` of the
+    /// records archived at it. Positions in `order` move as the front is forgotten; LSNs do not.
+    next_lsn: Lsn,
+    written_at_next_lsn: usize,
+}
+
+/// Marks the end of the archive section's blocks of records.
+const END_OF_RECORDS: u32 = u32::MAX;
 
 fn full_key(app: AppId, key: &[u8]) -> Arc<[u8]> {
     let mut full = Vec::with_capacity(1 + key.len());
@@ -172,6 +187,7 @@ impl Archive {
             outbox: Vec::new(),
             store,
             forgotten_through: 0,
+            snapshot: None,
         }
     }
 
@@ -186,8 +202,9 @@ impl Archive {
         let value: Arc<[u8]> = value.into();
         let earlier = self.pending.insert(key.clone(), (lsn, value.clone()));
         debug_assert!(earlier.is_none(), "a key is archived at most once");
+        debug_assert!(self.order.back().is_none_or(|(last, _)| *last <= lsn));
+        self.order.push_back((lsn, key.clone()));
         if self.store.is_some() {
-            self.order.push_back((lsn, key.clone()));
             self.outbox.push(ArchivedRecord { lsn, key, value });
         }
     }
@@ -218,6 +235,9 @@ impl Archive {
 
     /// Drops from memory what the writer has stored: every record archived before `stored_lsn`.
     pub fn forget_stored(&mut self, stored_lsn: Lsn) {
+        if self.store.is_none() {
+            return;
+        }
         while let Some((lsn, _)) = self.order.front()
             && *lsn < stored_lsn
         {
@@ -274,37 +294,119 @@ impl Archive {
         Ok(())
     }
 
-    /// Writes the archive for a snapshot: what is not in the store yet, and how far the store must
-    /// reach; the store holds the rest once persisted.
-    pub fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
-        out.write_u64_le(self.forgotten_through)?;
-        out.write_u64_le(self.pending.len() as u64)?;
-        for (key, (lsn, value)) in &self.pending {
-            out.write_u64_le(*lsn)?;
-            out.write_bytes_le(key)?;
-            out.write_bytes_le(value)?;
-        }
-        Ok(())
+    /// Starts a snapshot of the archive for the partition's snapshot at `snapshot_lsn`:
+    /// [`Self::snapshot_step`] writes it, after the rest of the partition's, so that most records
+    /// archived before that LSN are in the store by then and need not be written.
+    pub fn begin_snapshot(&mut self, snapshot_lsn: Lsn) {
+        assert!(self.snapshot.is_none(), "one snapshot at a time");
+        self.snapshot = Some(SnapshotProgress {
+            lsn: snapshot_lsn,
+            next_lsn: 0,
+            written_at_next_lsn: 0,
+        });
     }
 
-    /// Reads what [`Self::write_snapshot`] wrote.
-    pub fn restore_snapshot(&mut self, input: &mut dyn io::Read) -> io::Result<()> {
-        self.forgotten_through = input.read_u64_le()?;
-        let count = input.read_u64_le()?;
-        let mut records = Vec::new();
-        for _ in 0..count {
+    /// Writes about `bytes_budget` bytes of the snapshot in progress: the records archived before its
+    /// LSN that are still in memory, oldest first, in blocks; true once the end is written.
+    ///
+    /// Format: blocks of `count: u32` then `count` records (LSN, key, value), ended by
+    /// [`END_OF_RECORDS`], then `forgotten_through`: the LSN before which the store holds every
+    /// record. Records stored while the steps went on may be written too; restore skips them.
+    pub fn snapshot_step(
+        &mut self,
+        out: &mut dyn io::Write,
+        bytes_budget: usize,
+    ) -> io::Result<bool> {
+        let mut progress = self.snapshot.expect("a snapshot is in progress");
+        let mut start = self
+            .order
+            .partition_point(|(lsn, _)| *lsn < progress.next_lsn);
+        if self
+            .order
+            .get(start)
+            .is_some_and(|(lsn, _)| *lsn == progress.next_lsn)
+        {
+            start += progress.written_at_next_lsn;
+        } else {
+            // The records at `next_lsn` were stored and forgotten meanwhile.
+            progress.written_at_next_lsn = 0;
+        }
+        let mut block = Vec::new();
+        let mut bytes = 0;
+        for (lsn, key) in self.order.range(start..) {
+            if *lsn >= progress.lsn || (bytes >= bytes_budget && !block.is_empty()) {
+                break;
+            }
+            let value = &self.pending[key].1;
+            bytes += 16 + key.len() + value.len();
+            block.push((*lsn, key, value));
+            if *lsn == progress.next_lsn {
+                progress.written_at_next_lsn += 1;
+            } else {
+                (progress.next_lsn, progress.written_at_next_lsn) = (*lsn, 1);
+            }
+        }
+        let done =
+            (self.order.get(start + block.len())).is_none_or(|(lsn, _)| *lsn >= progress.lsn);
+        if !block.is_empty() {
+            out.write_u32_le(u32::try_from(block.len()).expect("a block is bounded by its bytes"))?;
+            for (lsn, key, value) in block {
+                out.write_u64_le(lsn)?;
+                out.write_bytes_le(key)?;
+                out.write_bytes_le(value)?;
+            }
+        }
+        self.snapshot = Some(progress);
+        if !done {
+            return Ok(false);
+        }
+        out.write_u32_le(END_OF_RECORDS)?;
+        // The store may already hold records archived after the snapshot's LSN; lookups as of a
+        // command ignore those until replay archives them again.
+        out.write_u64_le(self.forgotten_through.min(progress.lsn))?;
+        self.snapshot = None;
+        Ok(true)
+    }
+
+    /// Reads what the steps of a snapshot wrote, or, for `format_version` 3, the records then the
+    /// LSN the store must reach, each record at once.
+    pub fn restore_snapshot(
+        &mut self,
+        input: &mut dyn io::Read,
+        format_version: u32,
+    ) -> io::Result<()> {
+        let read_record = |input: &mut dyn io::Read| -> io::Result<(Lsn, Bytes, Bytes)> {
             let lsn = input.read_u64_le()?;
             let key: Arc<[u8]> = input.read_bytes_le(crate::record::RECORD_BYTES_MAX)?.into();
             let value: Arc<[u8]> = input.read_bytes_le(crate::record::RECORD_BYTES_MAX)?.into();
-            records.push((lsn, key, value));
+            Ok((lsn, key, value))
+        };
+        let mut records = Vec::new();
+        if format_version <= 3 {
+            self.forgotten_through = input.read_u64_le()?;
+            for _ in 0..input.read_u64_le()? {
+                records.push(read_record(input)?);
+            }
+        } else {
+            loop {
+                let count = input.read_u32_le()?;
+                if count == END_OF_RECORDS {
+                    break;
+                }
+                for _ in 0..count {
+                    records.push(read_record(input)?);
+                }
+            }
+            self.forgotten_through = input.read_u64_le()?;
         }
         records.sort_by_key(|(lsn, _, _)| *lsn);
         self.pending.clear();
         self.order.clear();
         for (lsn, key, value) in records {
-            if self.store.is_some() {
-                self.order.push_back((lsn, key.clone()));
+            if lsn < self.forgotten_through {
+                continue;
             }
+            self.order.push_back((lsn, key.clone()));
             self.pending.insert(key, (lsn, value));
         }
         Ok(())
@@ -341,6 +443,12 @@ mod tests {
         archive.move_outbox_into(&mut batch);
         archive.store().unwrap().put_all(&batch).unwrap();
         archive.forget_stored(durable_lsn);
+    }
+
+    /// A snapshot of the archive at `lsn`, in steps of a few bytes.
+    fn write_snapshot(archive: &mut Archive, out: &mut Vec<u8>, lsn: Lsn) {
+        archive.begin_snapshot(lsn);
+        while !archive.snapshot_step(out, 1).unwrap() {}
     }
 
     #[test]
@@ -404,15 +512,125 @@ mod tests {
         archive.put(APP, 1, b"a", b"1");
         archive.put(APP, 2, b"b", b"2");
         let mut snapshot = Vec::new();
-        archive.write_snapshot(&mut snapshot).unwrap();
+        write_snapshot(&mut archive, &mut snapshot, 10);
         let mut restored = Archive::new(Some(store.clone()));
-        restored.restore_snapshot(&mut &snapshot[..]).unwrap();
+        restored.restore_snapshot(&mut &snapshot[..], 4).unwrap();
         assert_eq!(restored.pending_count(), 2);
         restored.store_recovered().unwrap();
         assert_eq!(restored.pending_count(), 0);
         let fresh = Archive::new(Some(store));
         assert_eq!(fresh.get(APP, b"a", 3).unwrap().as_deref(), Some(&b"1"[..]));
         assert_eq!(fresh.get(APP, b"b", 3).unwrap().as_deref(), Some(&b"2"[..]));
+    }
+
+    /// A snapshot is written after its LSN (at its end): it leaves out what was archived since, and
+    /// relies on the store for no more than was stored at its LSN.
+    #[test]
+    fn a_snapshot_holds_only_what_was_archived_before_its_lsn() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = database(dir.path()).partition(0).unwrap();
+        let mut archive = Archive::new(Some(store.clone()));
+        archive.put(APP, 1, b"a", b"1");
+        archive.put(APP, 4, b"b", b"2");
+        store_all(&mut archive, 2);
+        archive.put(APP, 6, b"c", b"3");
+        let mut snapshot = Vec::new();
+        write_snapshot(&mut archive, &mut snapshot, 5);
+        let mut restored = Archive::new(Some(store.clone()));
+        restored.restore_snapshot(&mut &snapshot[..], 4).unwrap();
+        restored.check_store().unwrap();
+        assert_eq!(
+            restored.pending_count(),
+            1,
+            "b only: a is stored, c came after"
+        );
+        assert!(restored.get(APP, b"b", 5).unwrap().is_some());
+        assert_eq!(
+            restored.get(APP, b"c", 7).unwrap(),
+            None,
+            "replay archives c again"
+        );
+
+        // Everything stored by the time the snapshot is written, c included.
+        store_all(&mut archive, 7);
+        let mut snapshot = Vec::new();
+        write_snapshot(&mut archive, &mut snapshot, 5);
+        let mut restored = Archive::new(Some(store));
+        restored.restore_snapshot(&mut &snapshot[..], 4).unwrap();
+        restored.check_store().unwrap();
+        assert_eq!(restored.pending_count(), 0);
+        assert!(restored.get(APP, b"b", 5).unwrap().is_some());
+        assert_eq!(
+            restored.get(APP, b"c", 6).unwrap(),
+            None,
+            "stored by a command after the snapshot: invisible until replay reaches it"
+        );
+    }
+
+    /// Records at one LSN (one command) split across steps, and the writer storing some while the
+    /// steps go on: the restored archive has every record it needs once.
+    #[test]
+    fn records_stored_while_a_snapshot_is_written_in_steps_are_not_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = database(dir.path()).partition(0).unwrap();
+        let mut archive = Archive::new(Some(store.clone()));
+        for (lsn, count) in [(1, 3), (2, 4), (3, 2)] {
+            for n in 0..count {
+                archive.put(APP, lsn, format!("{lsn}-{n}").as_bytes(), b"v");
+            }
+        }
+        let mut first = Vec::new();
+        archive.move_outbox_into(&mut first);
+        archive.begin_snapshot(3);
+        let mut snapshot = Vec::new();
+        let mut steps = 0;
+        loop {
+            if steps == 2 {
+                // The writer stores what LSN 1 archived, and the partition forgets it.
+                archive.store().unwrap().put_all(&first[..3]).unwrap();
+                archive.forget_stored(2);
+            }
+            steps += 1;
+            // Two records a step, so the four at LSN 2 take two steps.
+            if archive.snapshot_step(&mut snapshot, 40).unwrap() {
+                break;
+            }
+        }
+        let mut restored = Archive::new(Some(store));
+        restored.restore_snapshot(&mut &snapshot[..], 4).unwrap();
+        restored.check_store().unwrap();
+        assert_eq!(restored.pending_count(), 4, "LSN 2's, not stored yet");
+        for (lsn, count) in [(1, 3), (2, 4)] {
+            for n in 0..count {
+                let key = format!("{lsn}-{n}");
+                assert!(
+                    restored.get(APP, key.as_bytes(), 3).unwrap().is_some(),
+                    "{key}"
+                );
+            }
+        }
+        assert_eq!(
+            restored.get(APP, b"3-0", 3).unwrap(),
+            None,
+            "after the snapshot"
+        );
+    }
+
+    /// Without a store, a snapshot written in small steps holds every record before its LSN once.
+    #[test]
+    fn a_snapshot_in_steps_holds_each_record_once() {
+        let mut archive = Archive::new(None);
+        for lsn in 1..=5 {
+            for n in 0..3 {
+                archive.put(APP, lsn, format!("{lsn}-{n}").as_bytes(), b"value");
+            }
+        }
+        let mut snapshot = Vec::new();
+        write_snapshot(&mut archive, &mut snapshot, 5);
+        let mut restored = Archive::new(None);
+        restored.restore_snapshot(&mut &snapshot[..], 4).unwrap();
+        assert_eq!(restored.pending_count(), 12, "LSN 1 to 4, three each");
+        assert_eq!(restored.order.len(), 12);
     }
 
     #[test]
@@ -423,13 +641,13 @@ mod tests {
         archive.put(APP, 4, b"b", b"2");
         store_all(&mut archive, 5);
         let mut snapshot = Vec::new();
-        archive.write_snapshot(&mut snapshot).unwrap();
+        write_snapshot(&mut archive, &mut snapshot, 10);
         let mut restored = Archive::new(archive.store().cloned());
-        restored.restore_snapshot(&mut &snapshot[..]).unwrap();
+        restored.restore_snapshot(&mut &snapshot[..], 4).unwrap();
         restored.check_store().unwrap();
         // The same snapshot over a store that never got those records (or lost them).
         let mut elsewhere = Archive::new(Some(database(other.path()).partition(0).unwrap()));
-        elsewhere.restore_snapshot(&mut &snapshot[..]).unwrap();
+        elsewhere.restore_snapshot(&mut &snapshot[..], 4).unwrap();
         let error = elsewhere.check_store().unwrap_err().to_string();
         assert!(
             error.contains("before LSN 0") && error.contains("before LSN 5"),
@@ -447,9 +665,9 @@ mod tests {
         archive.forget_stored(u64::MAX);
         assert_eq!(archive.pending_count(), 1);
         let mut snapshot = Vec::new();
-        archive.write_snapshot(&mut snapshot).unwrap();
+        write_snapshot(&mut archive, &mut snapshot, 10);
         let mut restored = Archive::new(None);
-        restored.restore_snapshot(&mut &snapshot[..]).unwrap();
+        restored.restore_snapshot(&mut &snapshot[..], 4).unwrap();
         restored.store_recovered().unwrap();
         assert_eq!(
             restored.get(APP, b"a", 2).unwrap().as_deref(),

@@ -266,11 +266,12 @@ impl Core {
                 out.write_bytes_le(&follow_up.payload)?;
             }
         }
-        self.archive.write_snapshot(out)
+        Ok(())
     }
 
     /// Reads what [`Self::write_bookkeeping`] wrote; a snapshot of format 1 also holds the idempotency
-    /// table, between the clock and the lanes; formats before 3 have no archive.
+    /// table, between the clock and the lanes; format 3 ends with the archive (which has a section of
+    /// its own at the end from format 4 on), formats before 3 have none.
     pub fn restore_bookkeeping(
         &mut self,
         input: &mut dyn io::Read,
@@ -298,8 +299,8 @@ impl Core {
                 });
             }
         }
-        if format_version >= 3 {
-            self.archive.restore_snapshot(input)?;
+        if format_version == 3 {
+            self.archive.restore_snapshot(input, format_version)?;
         }
         Ok(())
     }

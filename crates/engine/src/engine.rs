@@ -69,7 +69,7 @@ impl EngineConfig {
             snapshot_interval_records: 1_000_000,
             snapshot_interval_bytes: 256 << 20,
             // 2-6 ms of encoding on a 2-core VM (BENCHMARKS.md, "Apply pauses"); 1 MiB took 10-13 ms.
-            snapshot_step_bytes: 256 << 10,
+            snapshot_step_bytes: 64 << 10,
             idempotency_window_ms: 24 * 60 * 60 * 1000,
             idempotency_entries_max: 1_000_000,
             follow_ups_in_flight_max: 16_384,

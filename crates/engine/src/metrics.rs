@@ -9,7 +9,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PartitionLabel {
@@ -55,22 +55,58 @@ fn new_pause_histogram() -> Histogram {
 }
 
 /// One cause's pauses of one partition: every one in a histogram, and the longest as a gauge, since a
-/// histogram only bounds it.
+/// histogram only bounds it; and the most CPU time one took.
 #[derive(Clone)]
 pub(crate) struct PauseMetric {
     seconds: Histogram,
     max_seconds: Gauge<f64, AtomicU64>,
+    cpu_max_seconds: Gauge<f64, AtomicU64>,
 }
 
 impl PauseMetric {
-    /// Only the partition's thread records, so reading and raising the maximum need no compare-and-swap.
-    pub fn record(&self, pause: Duration) {
-        let seconds = pause.as_secs_f64();
+    /// Records the pause `timer` measured, ending now. Only the partition's thread records, so reading
+    /// and raising a maximum need no compare-and-swap.
+    pub fn record(&self, timer: PauseTimer) {
+        let seconds = timer.started.elapsed().as_secs_f64();
         self.seconds.observe(seconds);
         if seconds > self.max_seconds.get() {
             self.max_seconds.set(seconds);
         }
+        let cpu_seconds = thread_cpu_time()
+            .saturating_sub(timer.cpu_started)
+            .as_secs_f64();
+        if cpu_seconds > self.cpu_max_seconds.get() {
+            self.cpu_max_seconds.set(cpu_seconds);
+        }
     }
+}
+
+/// Measures a pause from its start: the time it took, and the CPU time of the thread meanwhile. On
+/// cores busy with other threads the two differ by the time the thread waited for a core.
+pub(crate) struct PauseTimer {
+    started: Instant,
+    cpu_started: Duration,
+}
+
+impl PauseTimer {
+    pub fn start() -> Self {
+        Self {
+            started: Instant::now(),
+            cpu_started: thread_cpu_time(),
+        }
+    }
+}
+
+/// The CPU time the calling thread has used, user and system.
+fn thread_cpu_time() -> Duration {
+    let mut time = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `time` is a valid timespec for the call to fill; the clock exists on every Linux.
+    let status = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut time) };
+    debug_assert_eq!(status, 0, "CLOCK_THREAD_CPUTIME_ID is always there");
+    Duration::new(time.tv_sec as u64, time.tv_nsec as u32)
 }
 
 fn new_fsync_histogram() -> Histogram {
@@ -99,6 +135,7 @@ pub(crate) struct EngineMetrics {
     snapshot_seconds: Family<PartitionLabel, Histogram, fn() -> Histogram>,
     apply_pause_seconds: Family<PauseLabel, Histogram, fn() -> Histogram>,
     apply_pause_max_seconds: Family<PauseLabel, Gauge<f64, AtomicU64>>,
+    apply_pause_cpu_max_seconds: Family<PauseLabel, Gauge<f64, AtomicU64>>,
     queue_depth: Family<PartitionLabel, Gauge>,
     durable_lsn: Family<PartitionLabel, Gauge>,
     archive_memory_records: Family<PartitionLabel, Gauge>,
@@ -139,6 +176,7 @@ impl EngineMetrics {
             snapshot_seconds: Family::new_with_constructor(new_snapshot_histogram),
             apply_pause_seconds: Family::new_with_constructor(new_pause_histogram),
             apply_pause_max_seconds: Family::default(),
+            apply_pause_cpu_max_seconds: Family::default(),
             queue_depth: Family::default(),
             durable_lsn: Family::default(),
             archive_memory_records: Family::default(),
@@ -197,6 +235,12 @@ impl EngineMetrics {
             "apply_pause_max_seconds",
             "The longest interval in which a partition had work but could not apply it, by cause",
             metrics.apply_pause_max_seconds.clone(),
+        );
+        r.register(
+            "apply_pause_cpu_max_seconds",
+            "The most CPU time a partition's thread used in one such interval, by cause: the pause's \
+             own work, without the time the thread waited for a core",
+            metrics.apply_pause_cpu_max_seconds.clone(),
         );
         r.register(
             "queue_depth",
@@ -268,6 +312,10 @@ impl EngineMetrics {
         PauseMetric {
             seconds: self.apply_pause_seconds.get_or_create(&label).clone(),
             max_seconds: self.apply_pause_max_seconds.get_or_create(&label).clone(),
+            cpu_max_seconds: self
+                .apply_pause_cpu_max_seconds
+                .get_or_create(&label)
+                .clone(),
         }
     }
 

@@ -10,11 +10,11 @@ use crate::archive::{ArchiveStore, ArchivedRecord};
 use crate::cluster::Peers;
 use crate::core::{Admission, Core, FollowUp, Outgoing};
 use crate::journal::{JournalError, Log, Lsn};
-use crate::metrics::PartitionMetrics;
+use crate::metrics::{PartitionMetrics, PauseTimer};
 use crate::record::{Envelope, Origin, begin_record, finish_record};
-use crate::snapshot::{SectionWriter, Unpublished};
+use crate::snapshot::{ChunkSender, SectionWriter, SnapshotChunk, Unpublished};
 use crate::{AppId, CommandId, EngineError, PartitionId, Reply, app_bit};
-use crossbeam_channel::{Receiver, Select, Sender, TrySendError, bounded};
+use crossbeam_channel::{Receiver, Select, Sender, TryRecvError, TrySendError, bounded};
 use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
 use std::collections::VecDeque;
@@ -139,18 +139,22 @@ pub(crate) struct Limits {
 /// Requests taken from the queues per wake-up before the batch is offered to the writer again.
 const DRAIN_MAX: usize = 4096;
 
-/// A snapshot of the partition as it was at `lsn`, being written in steps between batches.
+/// Chunks of a snapshot (1 MiB each) queued for the thread that writes its file: a partition waits for
+/// the file system only when this many are behind.
+const SNAPSHOT_CHUNKS_QUEUED: usize = 16;
+
+/// A snapshot of the partition, being written in steps between batches.
 struct SnapshotInProgress {
-    lsn: Lsn,
-    out: SectionWriter<Unpublished>,
+    /// To the thread that writes the file and publishes it.
+    out: SectionWriter<ChunkSender>,
     /// Indexes in `Core::apps` of the apps that write their state in steps, in the order written; the
-    /// idempotency table's section follows theirs.
+    /// idempotency table's section follows theirs, then the archive's.
     stepped: Vec<usize>,
-    /// The one in `stepped` being written; `stepped.len()`: the idempotency table.
+    /// The one in `stepped` being written; `stepped.len()`: the idempotency table; one more: the
+    /// archive.
     next: usize,
     /// The first write error; the apps' steps then go on into nothing, so that they end their snapshot.
     failed: Option<String>,
-    started: Instant,
 }
 
 pub(crate) struct PartitionThread {
@@ -175,7 +179,7 @@ pub(crate) struct PartitionThread {
     /// transfers is one) would otherwise keep the journal from being released for a long time.
     journal_bytes_since_snapshot: u64,
     snapshot: Option<SnapshotInProgress>,
-    /// The answer of the thread publishing the last snapshot written, until it came.
+    /// The answer of the thread writing and publishing the last snapshot begun, until it came.
     publishing: Option<Receiver<Result<(), String>>>,
     external_open: bool,
     /// When `resend_stalled` runs next.
@@ -363,12 +367,19 @@ impl PartitionThread {
     /// Between batches: a step of the snapshot being written, or a new one if one is due and the last
     /// one is published.
     fn snapshot_work(&mut self) {
-        if let Some(publishing) = &self.publishing
-            && let Ok(published) = publishing.try_recv()
-        {
-            self.publishing = None;
-            if let Err(error) = published {
-                tracing::error!(partition = self.core.partition, %error, "snapshot failed");
+        if let Some(publishing) = &self.publishing {
+            let published = match publishing.try_recv() {
+                Ok(published) => Some(published),
+                Err(TryRecvError::Empty) => None,
+                Err(TryRecvError::Disconnected) => {
+                    Some(Err("the snapshot's thread stopped".into()))
+                }
+            };
+            if let Some(published) = published {
+                self.publishing = None;
+                if let Err(error) = published {
+                    tracing::error!(partition = self.core.partition, %error, "snapshot failed");
+                }
             }
         }
         let due = self.snapshot.is_none()
@@ -378,7 +389,7 @@ impl PartitionThread {
         if self.snapshot.is_none() && !due {
             return;
         }
-        let started = Instant::now();
+        let pause = PauseTimer::start();
         if due {
             // Counted from the attempt: one that fails is tried again an interval later.
             self.records_since_snapshot = 0;
@@ -389,7 +400,7 @@ impl PartitionThread {
         } else {
             self.step_snapshot();
         }
-        self.metrics.snapshot_pause.record(started.elapsed());
+        self.metrics.snapshot_pause.record(pause);
     }
 
     /// Takes what is already queued without blocking, internal messages first.
@@ -440,11 +451,11 @@ impl PartitionThread {
         match self.writer.try_send(ToWriter::Batch(batch)) {
             Ok(()) => {}
             Err(TrySendError::Full(batch)) => {
-                let started = Instant::now();
+                let pause = PauseTimer::start();
                 self.writer
                     .send(batch)
                     .expect("the writer outlives its partition");
-                self.metrics.journal_pause.record(started.elapsed());
+                self.metrics.journal_pause.record(pause);
             }
             Err(TrySendError::Disconnected(_)) => unreachable!("the writer outlives its partition"),
         }
@@ -631,13 +642,10 @@ impl PartitionThread {
     /// follow (`step_snapshot`) while apply goes on. App sections are found by id, in any order.
     fn begin_snapshot(&mut self) -> Result<(), String> {
         debug_assert!(self.snapshot.is_none() && self.publishing.is_none());
-        // The snapshot holds the archived records not yet stored: as few as possible.
-        self.core
-            .archive
-            .forget_stored(self.shared.archived_lsn.load(Ordering::Acquire));
         let lsn = self.core.next_lsn;
-        let mut out =
-            Unpublished::create_snapshot(&self.snapshot_dir, lsn).map_err(|e| e.to_string())?;
+        let (chunks, file_chunks) = bounded(SNAPSHOT_CHUNKS_QUEUED);
+        self.start_snapshot_thread(lsn, file_chunks)?;
+        let mut out = ChunkSender::start(chunks).map_err(|e| e.to_string())?;
         let mut failed = crate::recovery::write_partition_header(&self.core, &mut out).err();
         let mut stepped = Vec::new();
         for (index, (app, state)) in self.core.apps.iter_mut().enumerate() {
@@ -653,6 +661,7 @@ impl PartitionThread {
             }
         }
         self.core.idempotency().begin_snapshot();
+        self.core.archive.begin_snapshot(lsn);
         if failed.is_none() {
             let first_app = stepped.first().map(|&index| self.core.apps[index].0);
             failed = write_app_id(first_app, &mut out).err();
@@ -660,18 +669,16 @@ impl PartitionThread {
         self.records_since_snapshot = 0;
         self.journal_bytes_since_snapshot = 0;
         self.snapshot = Some(SnapshotInProgress {
-            lsn,
             out,
             stepped,
             next: 0,
             failed: failed.map(|e| format!("writing a snapshot: {e}")),
-            started: Instant::now(),
         });
         Ok(())
     }
 
     /// Writes the next part of the snapshot in progress: the stepped apps' sections, then the
-    /// idempotency table's; once it is whole, publishes it.
+    /// idempotency table's, then the archive's; once it is whole, publishes it.
     fn step_snapshot(&mut self) {
         let snapshot = self.snapshot.as_mut().expect("a snapshot is in progress");
         let budget = self.limits.snapshot_step_bytes;
@@ -684,7 +691,12 @@ impl PartitionThread {
         };
         let step = match app {
             Some(index) => self.core.apps[index].1.write_snapshot_step(out, budget),
-            None => self.core.idempotency().snapshot_step(out, budget),
+            None if snapshot.next == snapshot.stepped.len() => {
+                self.core.idempotency().snapshot_step(out, budget)
+            }
+            // Last, so that it holds as few records as possible: most of those archived before the
+            // snapshot's LSN are in the store by now.
+            None => self.core.archive.snapshot_step(out, budget),
         };
         let step = step.and_then(|done| {
             if done && snapshot.failed.is_none() {
@@ -701,26 +713,24 @@ impl PartitionThread {
         });
         if done {
             snapshot.next += 1;
-            if snapshot.next > snapshot.stepped.len() {
-                self.publish_snapshot();
+            if snapshot.next > snapshot.stepped.len() + 1 {
+                self.finish_snapshot();
             }
         }
     }
 
-    /// Hands the whole snapshot to a thread of its own, which publishes it (see [`publish_snapshot`]).
-    fn publish_snapshot(&mut self) {
-        let snapshot = self.snapshot.take().expect("a snapshot is in progress");
+    /// Starts the thread that writes the file of the snapshot of `lsn` from `chunks`, then publishes it
+    /// (see [`publish_snapshot`]); its answer comes through `self.publishing`.
+    fn start_snapshot_thread(
+        &mut self,
+        lsn: Lsn,
+        chunks: Receiver<SnapshotChunk>,
+    ) -> Result<(), String> {
         let (answer, publishing) = bounded(1);
-        self.publishing = Some(publishing);
-        if let Some(error) = snapshot.failed {
-            let _ = answer.send(Err(error));
-            return;
-        }
         let publish = Publish {
             partition: self.core.partition,
-            lsn: snapshot.lsn,
-            out: snapshot.out.into_inner(),
-            started: snapshot.started,
+            lsn,
+            started: Instant::now(),
             shared: self.shared.clone(),
             writer: self.writer.clone(),
             snapshot_dir: self.snapshot_dir.clone(),
@@ -728,14 +738,25 @@ impl PartitionThread {
             metrics: self.metrics.clone(),
             archive: self.core.archive.store().cloned(),
         };
-        let spawned = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name(format!("p{}-snapshot", self.core.partition))
             .spawn(move || {
-                let _ = answer.send(publish_snapshot(publish));
-            });
-        if let Err(error) = spawned {
-            self.publishing = None;
-            tracing::error!(partition = self.core.partition, %error, "could not start publishing a snapshot");
+                let written = crate::snapshot::write_streamed(&publish.snapshot_dir, lsn, chunks);
+                let _ = answer.send(written.and_then(|file| publish_snapshot(publish, file)));
+            })
+            .map_err(|error| format!("could not start a snapshot's thread: {error}"))?;
+        self.publishing = Some(publishing);
+        Ok(())
+    }
+
+    /// Ends the snapshot in progress: tells its thread to publish it, or to discard it if it failed.
+    fn finish_snapshot(&mut self) {
+        let snapshot = self.snapshot.take().expect("a snapshot is in progress");
+        let chunks = snapshot.out.into_inner();
+        match snapshot.failed {
+            Some(error) => chunks.fail(error),
+            // If its thread stopped, its answer says why.
+            None => drop(chunks.finish()),
         }
     }
 
@@ -756,10 +777,10 @@ impl PartitionThread {
             }
         };
         let earlier = finish(self);
-        let started = Instant::now();
+        let pause = PauseTimer::start();
         self.begin_snapshot()?;
         let now = finish(self);
-        self.metrics.snapshot_pause.record(started.elapsed());
+        self.metrics.snapshot_pause.record(pause);
         earlier.and(now)
     }
 
@@ -789,7 +810,6 @@ fn write_app_id(app: Option<AppId>, out: &mut impl Write) -> std::io::Result<()>
 struct Publish {
     partition: PartitionId,
     lsn: Lsn,
-    out: Unpublished,
     started: Instant,
     shared: Arc<PartitionShared>,
     writer: Sender<ToWriter>,
@@ -803,11 +823,10 @@ struct Publish {
 /// crash could still take back) and the archive's store holds every record the snapshot left out,
 /// then lets the journal drop what the older of the two kept snapshots
 /// (and every projection checkpoint) no longer needs.
-fn publish_snapshot(publish: Publish) -> Result<(), String> {
+fn publish_snapshot(publish: Publish, out: Unpublished) -> Result<(), String> {
     let Publish {
         partition,
         lsn,
-        out,
         started,
         shared,
         writer,

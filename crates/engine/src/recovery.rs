@@ -13,8 +13,8 @@ use std::io::{self, Read, Write};
 use std::path::Path;
 
 /// The sections of a partition snapshot before the apps'; then come each app's, as its id and its state,
-/// and the idempotency table's (written in steps by the partition thread, see
-/// `PartitionThread::step_snapshot`).
+/// the idempotency table's (written in steps by the partition thread, see
+/// `PartitionThread::step_snapshot`) and the archive's records not yet in its store.
 pub(crate) fn write_partition_header(
     core: &Core,
     out: &mut snapshot::SectionWriter<impl Write>,
@@ -65,6 +65,10 @@ fn read_partition_snapshot(
     if format_version >= 2 {
         core.idempotency().restore(input)?;
         input.end_section("idempotency")?;
+    }
+    if format_version >= 4 {
+        core.archive.restore_snapshot(input, format_version)?;
+        input.end_section("archive")?;
     }
     Ok(())
 }

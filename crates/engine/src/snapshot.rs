@@ -6,6 +6,7 @@
 //! fsynced, renamed into place and the directory fsynced: a crash leaves either the old or the new file.
 
 use crate::journal::{JournalError, Lsn};
+use crossbeam_channel::{Receiver, Sender};
 use std::fs::{self, File};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -13,8 +14,10 @@ use std::path::{Path, PathBuf};
 const MAGIC: &[u8; 8] = b"SPATESNP";
 /// 2: a partition snapshot's idempotency table is a section of its own after the apps' (it was inside
 /// the bookkeeping section), so that it can be written in steps. 3: the bookkeeping ends with the
-/// archive's records not yet in its store. Files of versions 1 and 2 are still read.
-const VERSION: u32 = 3;
+/// archive's records not yet in its store. 4: those records are the last section instead, written
+/// when the rest is, so that most of them are in the store by then. Files of versions 1 to 3 are still
+/// read.
+const VERSION: u32 = 4;
 const SUFFIX: &str = ".snap";
 
 /// A writer that checksums what passes through it.
@@ -174,15 +177,6 @@ impl Unpublished {
         })
     }
 
-    /// A snapshot file: its header section is written, the caller's sections follow.
-    pub fn create_snapshot(dir: &Path, lsn: Lsn) -> Result<SectionWriter<Self>, JournalError> {
-        let pending = Self::create(dir, &file_name(lsn))?;
-        let temporary = pending.temporary.clone();
-        let mut out = SectionWriter::new(pending);
-        write_header(&mut out).map_err(io_error(&temporary))?;
-        Ok(out)
-    }
-
     /// Flushes and fsyncs the file, renames it into place and fsyncs the directory.
     pub fn publish(self) -> Result<PathBuf, JournalError> {
         let Self {
@@ -200,6 +194,95 @@ impl Unpublished {
         crate::journal::sync_dir(&dir)?;
         Ok(path)
     }
+}
+
+/// A partition snapshot's bytes on their way to the thread that writes its file.
+pub enum SnapshotChunk {
+    Bytes(Vec<u8>),
+    /// The snapshot is whole: the file may be published.
+    Finished,
+    /// The partition could not write the snapshot: the file is discarded.
+    Failed(String),
+}
+
+/// Bytes a chunk holds before it is sent: few sends, and little memory per chunk queued.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// Buffers a partition snapshot and sends it in chunks to the thread that writes its file
+/// ([`write_streamed`]), so that the partition thread never waits on the file system, only on a full
+/// queue of chunks.
+pub struct ChunkSender {
+    buffer: Vec<u8>,
+    chunks: Sender<SnapshotChunk>,
+}
+
+impl ChunkSender {
+    /// Starts the snapshot with its header section.
+    pub fn start(chunks: Sender<SnapshotChunk>) -> io::Result<SectionWriter<Self>> {
+        let mut out = SectionWriter::new(Self {
+            buffer: Vec::with_capacity(CHUNK_BYTES),
+            chunks,
+        });
+        write_header(&mut out)?;
+        Ok(out)
+    }
+
+    fn send(&self, chunk: SnapshotChunk) -> io::Result<()> {
+        (self.chunks.send(chunk))
+            .map_err(|_| io::Error::other("the thread writing the snapshot's file stopped"))
+    }
+
+    /// Sends what is buffered and says that the snapshot is whole.
+    pub fn finish(mut self) -> io::Result<()> {
+        let last = std::mem::take(&mut self.buffer);
+        self.send(SnapshotChunk::Bytes(last))?;
+        self.send(SnapshotChunk::Finished)
+    }
+
+    /// Says that the snapshot failed; its file is discarded.
+    pub fn fail(self, error: String) {
+        // A file thread that stopped has nothing to discard.
+        let _ = self.send(SnapshotChunk::Failed(error));
+    }
+}
+
+impl Write for ChunkSender {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.buffer.extend_from_slice(buf);
+        if self.buffer.len() >= CHUNK_BYTES {
+            let full = std::mem::replace(&mut self.buffer, Vec::with_capacity(CHUNK_BYTES));
+            self.send(SnapshotChunk::Bytes(full))?;
+        }
+        Ok(buf.len())
+    }
+    /// Chunks go when full or at the end: the file is synced once, when it is published.
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes the chunks of the snapshot of LSN `lsn` to a temporary file in `dir` as they come; returns
+/// the file, to publish, once the snapshot is whole.
+pub fn write_streamed(
+    dir: &Path,
+    lsn: Lsn,
+    chunks: Receiver<SnapshotChunk>,
+) -> Result<Unpublished, String> {
+    let mut file = Unpublished::create(dir, &file_name(lsn)).map_err(|e| e.to_string())?;
+    let error = loop {
+        match chunks.recv() {
+            Ok(SnapshotChunk::Bytes(bytes)) => {
+                if let Err(error) = file.write_all(&bytes) {
+                    break format!("writing {}: {error}", file.temporary.display());
+                }
+            }
+            Ok(SnapshotChunk::Finished) => return Ok(file),
+            Ok(SnapshotChunk::Failed(error)) => break error,
+            Err(_) => break "the partition stopped before its snapshot was whole".to_string(),
+        }
+    };
+    let _ = fs::remove_file(&file.temporary);
+    Err(error)
 }
 
 impl Write for Unpublished {

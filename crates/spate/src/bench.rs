@@ -174,9 +174,12 @@ impl Spawned {
                 return;
             }
         };
-        if let Some(pause) = longest_pause(&metrics) {
-            let mut longest = LONGEST_PAUSE.lock().expect("never poisoned");
-            if longest.as_ref().is_none_or(|l| pause.seconds > l.seconds) {
+        let mut longest = LONGEST_PAUSES.lock().expect("never poisoned");
+        let LongestPauses { wall, cpu } = &mut *longest;
+        for (gauge, longest) in [(PAUSE_GAUGE, wall), (PAUSE_CPU_GAUGE, cpu)] {
+            if let Some(pause) = longest_pause(&metrics, gauge)
+                && longest.as_ref().is_none_or(|l| pause.seconds > l.seconds)
+            {
                 *longest = Some(pause);
             }
         }
@@ -191,28 +194,53 @@ pub struct Pause {
     pub partition: String,
 }
 
-/// The longest pause of the servers stopped since the last [`take_longest_pause`].
-static LONGEST_PAUSE: std::sync::Mutex<Option<Pause>> = std::sync::Mutex::new(None);
+/// The longest pause, and the most CPU time one pause took, of the servers stopped since the last
+/// [`take_longest_pause`].
+#[derive(Default)]
+struct LongestPauses {
+    wall: Option<Pause>,
+    cpu: Option<Pause>,
+}
+
+static LONGEST_PAUSES: std::sync::Mutex<LongestPauses> = std::sync::Mutex::new(LongestPauses {
+    wall: None,
+    cpu: None,
+});
+
+const PAUSE_GAUGE: &str = "spate_apply_pause_max_seconds";
+const PAUSE_CPU_GAUGE: &str = "spate_apply_pause_cpu_max_seconds";
 
 /// The longest pause of the servers stopped since the last call, as a line for a benchmark's report.
 fn take_longest_pause() -> String {
-    match LONGEST_PAUSE.lock().expect("never poisoned").take() {
-        Some(pause) => format!(
-            "Longest apply pause of this benchmark's servers: **{:.1} ms** ({}, partition {}).\n",
-            pause.seconds * 1e3,
-            pause.cause,
-            pause.partition
-        ),
-        None => "Longest apply pause of this benchmark's servers: none recorded.\n".into(),
+    let LongestPauses { wall, cpu } =
+        std::mem::take(&mut *LONGEST_PAUSES.lock().expect("never poisoned"));
+    let Some(wall) = wall else {
+        return "Longest apply pause of this benchmark's servers: none recorded.\n".into();
+    };
+    let mut line = format!(
+        "Longest apply pause of this benchmark's servers: **{:.1} ms** ({}, partition {})",
+        wall.seconds * 1e3,
+        wall.cause,
+        wall.partition
+    );
+    if let Some(cpu) = cpu {
+        line += &format!(
+            "; the most CPU time one pause took: {:.1} ms ({}, partition {}), the rest of a pause \
+             is waiting for a core",
+            cpu.seconds * 1e3,
+            cpu.cause,
+            cpu.partition
+        );
     }
+    line + ".\n"
 }
 
-/// Parses the largest `spate_apply_pause_max_seconds{partition="P",cause="C"} S` line of a scrape.
-fn longest_pause(metrics: &str) -> Option<Pause> {
+/// Parses the largest `<gauge>{partition="P",cause="C"} S` line of a scrape.
+fn longest_pause(metrics: &str, gauge: &str) -> Option<Pause> {
     metrics
         .lines()
         .filter_map(|line| {
-            let labels = line.strip_prefix("spate_apply_pause_max_seconds{")?;
+            let labels = line.strip_prefix(gauge)?.strip_prefix('{')?;
             let (labels, value) = labels.split_once("} ")?;
             let label = |name: &str| {
                 let start = labels.find(&format!("{name}=\""))? + name.len() + 2;
@@ -569,13 +597,23 @@ mod tests {
             spate_apply_pause_max_seconds{partition=\"1\",cause=\"journal\"} 0.5\n\
             spate_apply_pause_seconds_sum{partition=\"1\",cause=\"journal\"} 9.0\n";
         assert_eq!(
-            longest_pause(scrape),
+            longest_pause(scrape, PAUSE_GAUGE),
             Some(Pause {
                 seconds: 0.5,
                 cause: "journal".into(),
                 partition: "1".into()
             })
         );
-        assert_eq!(longest_pause("spate_commands_applied_total 3\n"), None);
+        assert_eq!(longest_pause(scrape, PAUSE_CPU_GAUGE), None);
+        let scrape =
+            format!("{scrape}{PAUSE_CPU_GAUGE}{{partition=\"0\",cause=\"snapshot\"}} 0.125\n");
+        assert_eq!(
+            longest_pause(&scrape, PAUSE_CPU_GAUGE).map(|p| p.seconds),
+            Some(0.125)
+        );
+        assert_eq!(
+            longest_pause("spate_commands_applied_total 3\n", PAUSE_GAUGE),
+            None
+        );
     }
 }
