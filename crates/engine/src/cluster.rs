@@ -204,6 +204,14 @@ pub fn encode_outcomes(outcomes: &[Result<Reply, EngineError>]) -> Vec<u8> {
                 out.put_u8(8);
                 out.put_u16(*partition);
             }
+            Err(EngineError::DiskFull {
+                free_bytes,
+                reserve_bytes,
+            }) => {
+                out.put_u8(9);
+                out.put_u64(*free_bytes);
+                out.put_u64(*reserve_bytes);
+            }
         }
     }
     out
@@ -227,6 +235,10 @@ pub fn decode_outcomes(bytes: &[u8]) -> Result<Vec<Result<Reply, EngineError>>, 
             6 => Err(EngineError::ShuttingDown),
             7 => Err(EngineError::UnknownApp(reader.u8()?)),
             8 => Err(EngineError::NotOwner(reader.u16()?)),
+            9 => Err(EngineError::DiskFull {
+                free_bytes: reader.u64()?,
+                reserve_bytes: reader.u64()?,
+            }),
             _ => return Err(reader.invalid("outcome tag")),
         });
     }
@@ -320,6 +332,10 @@ mod tests {
             Err(EngineError::ShuttingDown),
             Err(EngineError::UnknownApp(9)),
             Err(EngineError::NotOwner(41)),
+            Err(EngineError::DiskFull {
+                free_bytes: 5 << 20,
+                reserve_bytes: 128 << 20,
+            }),
         ];
         assert_eq!(
             decode_outcomes(&encode_outcomes(&outcomes)).unwrap(),

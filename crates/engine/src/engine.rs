@@ -4,6 +4,7 @@ use crate::app::{AppSpec, StateMachine};
 use crate::archive::{ArchiveDatabase, ArchiveReader, ArchiveStore};
 use crate::cluster::{Command, Peers, Remote};
 use crate::core::Core;
+use crate::disk::{DiskGuard, DiskStatus};
 use crate::idempotency::IdempotencyTable;
 use crate::journal::{FileLogStore, JournalConfig, Log, LogStore};
 use crate::metrics::{EngineMetrics, PartitionLabel, PartitionMetrics};
@@ -53,6 +54,9 @@ pub struct EngineConfig {
     /// Memory for the archive store's block cache, all partitions together (the archive's records not
     /// yet stored are extra, and few).
     pub archive_cache_bytes: u64,
+    /// New client commands are refused while the data directory's file system has less free space
+    /// than this (see `disk.rs`); 0 turns the guard off.
+    pub disk_reserve_bytes: u64,
 }
 
 impl EngineConfig {
@@ -77,6 +81,7 @@ impl EngineConfig {
             projection_checkpoint_interval_bytes: 256 << 20,
             projection_feed_batches_max: 1024,
             archive_cache_bytes: 256 << 20,
+            disk_reserve_bytes: 128 << 20,
         }
     }
 }
@@ -87,6 +92,7 @@ pub struct Health {
     pub partitions: u16,
     pub failed_partitions: Vec<PartitionId>,
     pub queue_depth: Vec<usize>,
+    pub disk: DiskStatus,
 }
 
 struct ProjectionView {
@@ -152,6 +158,7 @@ struct Inner {
     metrics: Vec<PartitionMetrics>,
     follow_lag: Family<PartitionLabel, Gauge<f64, AtomicU64>>,
     projections: Vec<ProjectionView>,
+    disk: DiskGuard,
     starter: Starter,
 }
 
@@ -351,6 +358,19 @@ impl Engine {
             .transpose()?;
         let partition_count = config.partitions;
         let metrics = EngineMetrics::register(registry);
+        let (free_bytes_gauge, disk_refusals) = metrics.disk();
+        let disk = DiskGuard::new(
+            &config.data_dir,
+            config.disk_reserve_bytes,
+            free_bytes_gauge,
+            disk_refusals,
+        )
+        .map_err(|e| {
+            StartError::Config(format!(
+                "reading the free space of {}: {e}",
+                config.data_dir.display()
+            ))
+        })?;
         let shared: Vec<Arc<PartitionShared>> = (0..partition_count)
             .map(|_| Arc::new(PartitionShared::default()))
             .collect();
@@ -421,6 +441,7 @@ impl Engine {
                 .collect(),
             follow_lag: metrics.follow_lag(),
             projections: views,
+            disk,
             starter: Starter {
                 logs,
                 data_dir: config.data_dir.clone(),
@@ -639,6 +660,7 @@ impl EngineHandle {
         let queue = self.inner.slots[index].queue();
         let Some(queue) = queue.as_ref() else {
             drop(queue);
+            // The owner checks its own disk.
             return match self.inner.peers.remote() {
                 Some(remote) if may_forward => {
                     let command = Command {
@@ -655,6 +677,9 @@ impl EngineHandle {
                 }),
             };
         };
+        if let Err(error) = self.inner.disk.admit() {
+            return Err(Refused { error, payload });
+        }
         let request = Request::Command {
             app,
             command_id,
@@ -989,6 +1014,7 @@ impl EngineHandle {
                 .iter()
                 .map(|slot| slot.queue().as_ref().map_or(0, |q| q.len()))
                 .collect(),
+            disk: inner.disk.status(),
         }
     }
 

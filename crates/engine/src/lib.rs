@@ -6,6 +6,7 @@ mod app;
 mod archive;
 pub mod cluster;
 mod core;
+mod disk;
 mod engine;
 mod idempotency;
 pub mod journal;
@@ -20,6 +21,7 @@ pub mod wire;
 
 pub use app::{AppSpec, Command, Effects, NewState, Projection, RestoreState, StateMachine};
 pub use archive::{ArchiveError, ArchiveReader};
+pub use disk::DiskStatus;
 pub use engine::{Engine, EngineConfig, EngineHandle, Health, Pending, Refused};
 pub use journal::{Durability, FileLogStore, JournalConfig, LogStore, Lsn};
 pub use record::{Envelope, Origin};
@@ -64,6 +66,12 @@ pub enum EngineError {
         "partition {0} is not served by this node and no other node could take the request (it is moving between nodes); retry shortly"
     )]
     NotOwner(PartitionId),
+    #[error(
+        "the data directory's file system has {} MiB free, less than the {} MiB reserve (--disk-reserve-mb): writes are refused until space is freed; reads go on",
+        free_bytes >> 20,
+        reserve_bytes >> 20
+    )]
+    DiskFull { free_bytes: u64, reserve_bytes: u64 },
 }
 
 #[derive(Debug, Error)]

@@ -143,6 +143,8 @@ pub(crate) struct EngineMetrics {
     follow_lag_seconds: Family<PartitionLabel, Gauge<f64, AtomicU64>>,
     projection_lag_records: Family<AppLabel, Gauge>,
     projection_journal_reads: Family<AppLabel, Counter>,
+    disk_free_bytes: Gauge,
+    rejected_disk_full: Counter,
 }
 
 #[derive(Clone)]
@@ -184,6 +186,8 @@ impl EngineMetrics {
             follow_lag_seconds: Family::default(),
             projection_lag_records: Family::default(),
             projection_journal_reads: Family::default(),
+            disk_free_bytes: Gauge::default(),
+            rejected_disk_full: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("spate");
         r.register(
@@ -279,7 +283,27 @@ impl EngineMetrics {
             "Times a projection read records from the journal because its feed was full",
             metrics.projection_journal_reads.clone(),
         );
+        r.register(
+            "disk_free_bytes",
+            "Free space of the data directory's file system, as last read (at most 100 ms ago while \
+             commands arrive)",
+            metrics.disk_free_bytes.clone(),
+        );
+        r.register(
+            "commands_rejected_disk_full",
+            "Commands refused because the data directory's file system had less free space than the \
+             reserve (--disk-reserve-mb)",
+            metrics.rejected_disk_full.clone(),
+        );
         metrics
+    }
+
+    /// The disk guard's gauge of free bytes and its count of refusals.
+    pub fn disk(&self) -> (Gauge, Counter) {
+        (
+            self.disk_free_bytes.clone(),
+            self.rejected_disk_full.clone(),
+        )
     }
 
     pub fn for_partition(&self, partition: PartitionId) -> PartitionMetrics {

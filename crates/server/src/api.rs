@@ -53,6 +53,7 @@ impl From<EngineError> for ApiError {
             EngineError::JournalFailed => "journal_failed",
             EngineError::ShuttingDown => "shutting_down",
             EngineError::NotOwner(_) => "partition_moving",
+            EngineError::DiskFull { .. } => "disk_full",
             EngineError::UnknownApp(_) => return Self::not_found(error.to_string()),
         };
         Self::new(StatusCode::SERVICE_UNAVAILABLE, code, error.to_string())

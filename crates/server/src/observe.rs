@@ -92,11 +92,22 @@ pub fn routes(engine: EngineHandle, registry: Arc<Registry>) -> Router {
             get(move || async move {
                 let health = engine.health();
                 let healthy = health.failed_partitions.is_empty();
+                // A disk under its reserve refuses writes but serves reads: still up, and says so.
+                let status = match (healthy, health.disk.writes_refused) {
+                    (false, _) => "failing",
+                    (true, true) => "read_only",
+                    (true, false) => "ok",
+                };
                 let body = serde_json::json!({
-                    "status": if healthy { "ok" } else { "failing" },
+                    "status": status,
                     "partitions": health.partitions,
                     "failed_partitions": health.failed_partitions,
                     "queue_depth": health.queue_depth,
+                    "disk": {
+                        "free_bytes": health.disk.free_bytes,
+                        "reserve_bytes": health.disk.reserve_bytes,
+                        "writes_refused": health.disk.writes_refused,
+                    },
                 });
                 let status = if healthy {
                     StatusCode::OK

@@ -75,6 +75,10 @@ pub struct ServeArgs {
     /// committed and aborted transfers), all partitions together [default: 256]
     #[arg(long, env = "SPATE_ARCHIVE_CACHE_MB")]
     archive_cache_mb: Option<u64>,
+    /// Free space (MiB) the data directory's file system keeps: below it, new writes are refused with
+    /// 503 `disk_full` and reads go on, until space is freed; 0 turns the guard off [default: 128]
+    #[arg(long, env = "SPATE_DISK_RESERVE_MB")]
+    disk_reserve_mb: Option<u64>,
     /// Records a projection applies between two checkpoints of its read model [default: 1000000]
     #[arg(long, env = "SPATE_PROJECTION_CHECKPOINT_INTERVAL_RECORDS")]
     projection_checkpoint_interval_records: Option<u64>,
@@ -285,6 +289,7 @@ impl ServeArgs {
                 snapshot_interval_bytes,
                 snapshot_step_bytes,
                 archive_cache_mb,
+                disk_reserve_mb,
                 projection_checkpoint_interval_records,
                 projection_checkpoint_interval_bytes,
                 projection_feed_batches,
@@ -407,6 +412,9 @@ impl ServeArgs {
         }
         if let Some(mb) = self.archive_cache_mb {
             engine.archive_cache_bytes = mb.saturating_mul(1 << 20);
+        }
+        if let Some(mb) = self.disk_reserve_mb {
+            engine.disk_reserve_bytes = mb.saturating_mul(1 << 20);
         }
         if let Some(records) = self.projection_checkpoint_interval_records {
             engine.projection_checkpoint_interval_records = records.max(1);

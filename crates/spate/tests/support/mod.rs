@@ -35,7 +35,27 @@ impl Server {
         file_bytes_max: Option<u64>,
         log: Stdio,
     ) -> Self {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_spate"));
+        let command = Command::new(env!("CARGO_BIN_EXE_spate"));
+        Self::spawn(command, data_dir, extra, file_bytes_max, log)
+    }
+
+    /// As [`Server::start`], through `launcher`: a program and its arguments (such as `nsenter ... --`)
+    /// that runs the server in its own place, so that the server is the child this handle kills.
+    pub fn start_via(launcher: &[String], data_dir: &Path, extra: &[&str]) -> Self {
+        let mut command = Command::new(&launcher[0]);
+        command
+            .args(&launcher[1..])
+            .arg(env!("CARGO_BIN_EXE_spate"));
+        Self::spawn(command, data_dir, extra, None, Stdio::inherit())
+    }
+
+    fn spawn(
+        mut command: Command,
+        data_dir: &Path,
+        extra: &[&str],
+        file_bytes_max: Option<u64>,
+        log: Stdio,
+    ) -> Self {
         command.args(["serve", "--data-dir"]).arg(data_dir);
         if !extra.contains(&"--listen") {
             command.args(["--listen", "127.0.0.1:0"]);
