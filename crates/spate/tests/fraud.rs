@@ -157,6 +157,9 @@ fn kill_9_mid_stream_then_resend_scores_every_record_exactly_once() {
         &stream,
         "--snapshot-interval-records",
         "25",
+        // Snapshots in many steps, so that the kill and the stream land between them.
+        "--snapshot-step-bytes",
+        "4096",
         "--segment-bytes",
         "1048576",
     ];

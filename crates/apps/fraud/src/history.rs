@@ -7,6 +7,12 @@
 //! newest are dropped, so offsets stay far below their 34-bit limit. Memory grows with the entries stored
 //! (in steps of [`GROWTH_ENTRIES`], so a stream of transactions does not reallocate on every one), not
 //! with the per-card cap.
+//!
+//! Snapshots are written in steps while scoring goes on (see [`HistoryStore::begin_snapshot`]): the cards
+//! are cut into segments that a step writes whole, and a card about to change in a segment not yet
+//! written is written first, as it was (copy-on-write per card, not per segment: scoring touches cards
+//! at random, and copying whole segments copied nearly all of them). A bit of the card's header marks it
+//! as already written, or as new since the snapshot began, so that its segment's step skips it.
 
 use crate::generator::HISTORY_WINDOW_MS;
 use crate::record::{Digits, Txn};
@@ -27,7 +33,13 @@ pub const ENTRIES_PER_CARD_DEFAULT: usize = 32;
 pub const ENTRIES_PER_CARD_MAX: usize = 4096;
 
 const _: () = assert!(HISTORY_WINDOW_MS < 1 << OFFSET_BITS);
-const _: () = assert!(ENTRIES_PER_CARD_MAX <= u16::MAX as usize);
+const _: () = assert!(ENTRIES_PER_CARD_MAX < SNAPSHOT_MARK as usize);
+/// The count field's top bit: the card is not to be written by its segment's step of the snapshot in
+/// progress (it was written before it changed, or it is new since the snapshot began).
+const SNAPSHOT_MARK: u16 = 1 << 15;
+/// Segments of a store: a step writes at least one, so this bounds a step's work at large scale (30 M
+/// cards on two partitions: about 900 cards, 450 KB, per segment).
+const SEGMENT_BITS: u32 = 14;
 
 fn field(word: u128, shift: u32, bits: u32) -> u64 {
     ((word >> shift) & ((1u128 << bits) - 1)) as u64
@@ -102,7 +114,7 @@ impl CardHistory<'_> {
     }
 
     fn len(&self) -> usize {
-        usize::from(u16::from_le_bytes([self.0[8], self.0[9]]))
+        usize::from(count_field(self.0) & !SNAPSHOT_MARK)
     }
 
     fn entry(&self, index: usize) -> &[u8] {
@@ -127,8 +139,42 @@ impl CardHistory<'_> {
     }
 }
 
+fn count_field(packed: &[u8]) -> u16 {
+    u16::from_le_bytes([packed[8], packed[9]])
+}
+
+fn set_count_field(packed: &mut [u8], field: u16) {
+    packed[8..10].copy_from_slice(&field.to_le_bytes());
+}
+
+/// Sets the entry count, keeping the snapshot mark.
 fn set_len(packed: &mut [u8], len: usize) {
-    packed[8..10].copy_from_slice(&(len as u16).to_le_bytes());
+    let mark = count_field(packed) & SNAPSHOT_MARK;
+    set_count_field(packed, len as u16 | mark);
+}
+
+fn is_marked(packed: &[u8]) -> bool {
+    count_field(packed) & SNAPSHOT_MARK != 0
+}
+
+fn set_mark(packed: &mut [u8], marked: bool) {
+    let len = count_field(packed) & !SNAPSHOT_MARK;
+    set_count_field(packed, if marked { len | SNAPSHOT_MARK } else { len });
+}
+
+/// A card's segment: the top bits of a multiplicative hash, so that card numbers in sequence spread.
+fn segment_of(card: u64) -> usize {
+    (card.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - SEGMENT_BITS)) as usize
+}
+
+/// One card as a snapshot holds it: `card u64 | length u32 | header and entries` (never the mark).
+fn write_card(out: &mut dyn Write, card: u64, packed: &[u8]) -> io::Result<()> {
+    let used = &packed[..CardHistory(packed).used_bytes()];
+    out.write_all(&card.to_le_bytes())?;
+    out.write_all(&(used.len() as u32).to_le_bytes())?;
+    out.write_all(&used[..8])?;
+    out.write_all(&(CardHistory(packed).len() as u16).to_le_bytes())?;
+    out.write_all(&used[HEADER_BYTES..])
 }
 
 fn capacity_of(packed: &[u8]) -> usize {
@@ -153,25 +199,43 @@ fn prefetch_read(address: *const u8) {
 #[cfg(not(target_arch = "x86_64"))]
 fn prefetch_read(_address: *const u8) {}
 
+type CardMap = HashMap<u64, Box<[u8]>, foldhash::fast::RandomState>;
+
 /// Every card's history on one partition.
 pub struct HistoryStore {
-    cards: HashMap<u64, Box<[u8]>, foldhash::fast::RandomState>,
+    segments: Box<[CardMap]>,
     entries_per_card_max: usize,
+    cards: usize,
     entries: u64,
+    snapshot: Option<SnapshotInProgress>,
+}
+
+/// A snapshot being written in steps: see [`HistoryStore::begin_snapshot`].
+struct SnapshotInProgress {
+    /// The store's header (cap, cards at the start), written by the first step.
+    header: Option<[u8; 16]>,
+    /// Per segment: its step has not written it yet.
+    pending: Box<[bool]>,
+    /// The next segment a step looks at.
+    cursor: usize,
+    /// Cards written before they changed, since the last step: the next step hands them on.
+    preserved: Vec<u8>,
 }
 
 impl HistoryStore {
     pub fn new(entries_per_card_max: usize) -> Self {
         assert!((1..=ENTRIES_PER_CARD_MAX).contains(&entries_per_card_max));
         Self {
-            cards: HashMap::default(),
+            segments: (0..1 << SEGMENT_BITS).map(|_| CardMap::default()).collect(),
             entries_per_card_max,
+            cards: 0,
             entries: 0,
+            snapshot: None,
         }
     }
 
     pub fn cards(&self) -> usize {
-        self.cards.len()
+        self.cards
     }
 
     pub fn entries(&self) -> u64 {
@@ -182,15 +246,28 @@ impl HistoryStore {
         self.entries_per_card_max
     }
 
-    /// Bytes held for histories: the packed allocations plus the map's slots (allocator overhead aside).
+    /// Bytes held for histories: the packed allocations plus the maps' slots (allocator overhead aside).
     pub fn heap_bytes(&self) -> u64 {
         let slot_bytes = (size_of::<u64>() + size_of::<Box<[u8]>>() + 1) as u64;
-        let packed: u64 = self.cards.values().map(|h| h.len() as u64).sum();
-        packed + self.cards.capacity() as u64 * slot_bytes
+        let cards = self.segments.iter().flat_map(|segment| segment.values());
+        let packed: u64 = cards.map(|h| h.len() as u64).sum();
+        let slots: u64 = self.segments.iter().map(|s| s.capacity() as u64).sum();
+        packed + slots * slot_bytes
     }
 
+    /// Makes room for about `additional` more cards. Below a few per segment it reserves nothing: the
+    /// smallest table of each of the 16,384 segments would hold more than the cards need.
     pub fn reserve_cards(&mut self, additional: usize) {
-        self.cards.reserve(additional);
+        let per_segment = additional / self.segments.len();
+        if per_segment >= GROWTH_ENTRIES {
+            for segment in self.segments.iter_mut() {
+                segment.reserve(per_segment);
+            }
+        }
+    }
+
+    fn get(&self, card: u64) -> Option<&[u8]> {
+        self.segments[segment_of(card)].get(&card).map(|b| &b[..])
     }
 
     /// Scores `txn` against its card's history with `rules`, then stores it with its verdict.
@@ -198,7 +275,7 @@ impl HistoryStore {
     pub fn score_and_store(&mut self, txn: &Txn, rules: &dyn RuleSet, window: &mut Vec<Txn>) -> u8 {
         let t = txn.timestamp_ms();
         window.clear();
-        if let Some(packed) = self.cards.get(&txn.card) {
+        if let Some(packed) = self.get(txn.card) {
             let history = CardHistory(packed);
             let base_ms = history.base_ms();
             for index in 0..history.len() {
@@ -233,7 +310,7 @@ impl HistoryStore {
     }
 
     fn prefetch(&self, card: u64) {
-        if let Some(packed) = self.cards.get(&card) {
+        if let Some(packed) = self.get(card) {
             for offset in (0..packed.len()).step_by(64) {
                 prefetch_read(packed.as_ptr().wrapping_add(offset));
             }
@@ -242,8 +319,7 @@ impl HistoryStore {
 
     /// The card's stored history, newest first, with verdicts.
     pub fn history(&self, card: u64) -> Vec<(Txn, u8)> {
-        self.cards
-            .get(&card)
+        self.get(card)
             .map(|packed| CardHistory(packed).decode_all(card))
             .unwrap_or_default()
     }
@@ -251,10 +327,35 @@ impl HistoryStore {
     /// Stores `txn` with `verdict`, keeping the newest entries up to the cap and dropping those more than
     /// 90 days older than the newest.
     pub fn store(&mut self, txn: &Txn, verdict: u8) {
+        let segment = segment_of(txn.card);
+        let snapshot_pending = self.snapshot.as_ref().is_some_and(|s| s.pending[segment]);
+        if snapshot_pending {
+            self.preserve(segment, txn.card);
+        }
+        self.change(segment, txn, verdict);
+        if snapshot_pending && let Some(packed) = self.segments[segment].get_mut(&txn.card) {
+            // Written before the change, or new: either way its segment's step must skip it.
+            set_mark(packed, true);
+        }
+    }
+
+    /// Writes `card` as it is into the snapshot in progress, unless it was written or is new.
+    fn preserve(&mut self, segment: usize, card: u64) {
+        let snapshot = self.snapshot.as_mut().expect("a snapshot is in progress");
+        if let Some(packed) = self.segments[segment].get(&card)
+            && !is_marked(packed)
+        {
+            write_card(&mut snapshot.preserved, card, packed).expect("a Vec takes every write");
+        }
+    }
+
+    fn change(&mut self, segment: usize, txn: &Txn, verdict: u8) {
         let t = txn.timestamp_ms();
         let cap = self.entries_per_card_max;
-        let Some(packed) = self.cards.get_mut(&txn.card) else {
-            self.cards.insert(txn.card, encode(&[(*txn, verdict)], cap));
+        let cards = &mut self.segments[segment];
+        let Some(packed) = cards.get_mut(&txn.card) else {
+            cards.insert(txn.card, encode(&[(*txn, verdict)], cap));
+            self.cards += 1;
             self.entries += 1;
             return;
         };
@@ -275,7 +376,8 @@ impl HistoryStore {
             all.retain(|(h, _)| h.timestamp_ms() + HISTORY_WINDOW_MS > newest_ms);
             self.entries = self.entries - len as u64 + all.len() as u64;
             if all.is_empty() {
-                self.cards.remove(&txn.card);
+                cards.remove(&txn.card);
+                self.cards -= 1;
             } else {
                 *packed = encode(&all, cap);
             }
@@ -316,16 +418,84 @@ impl HistoryStore {
         debug_assert!(kept >= 1 && kept <= cap && kept <= capacity_of(packed));
     }
 
+    /// Writes the whole store at once; [`Self::restore`] reads it, and what the steps of a snapshot
+    /// write, alike.
     pub fn write_snapshot(&self, out: &mut dyn Write) -> io::Result<()> {
-        out.write_all(&(self.entries_per_card_max as u64).to_le_bytes())?;
-        out.write_all(&(self.cards.len() as u64).to_le_bytes())?;
-        for (card, packed) in &self.cards {
-            let used = &packed[..CardHistory(packed).used_bytes()];
-            out.write_all(&card.to_le_bytes())?;
-            out.write_all(&(used.len() as u32).to_le_bytes())?;
-            out.write_all(used)?;
+        assert!(
+            self.snapshot.is_none(),
+            "a snapshot is being written in steps"
+        );
+        out.write_all(&self.header())?;
+        for (card, packed) in self.segments.iter().flatten() {
+            write_card(out, *card, packed)?;
         }
         Ok(())
+    }
+
+    fn header(&self) -> [u8; 16] {
+        let mut header = [0; 16];
+        header[..8].copy_from_slice(&(self.entries_per_card_max as u64).to_le_bytes());
+        header[8..].copy_from_slice(&(self.cards as u64).to_le_bytes());
+        header
+    }
+
+    /// Starts a snapshot of the store as it is now, which [`Self::snapshot_step`] then writes while
+    /// transactions go on being stored: the cards are written in any order, each as it was here.
+    pub fn begin_snapshot(&mut self) {
+        assert!(self.snapshot.is_none(), "one snapshot at a time");
+        self.snapshot = Some(SnapshotInProgress {
+            header: Some(self.header()),
+            pending: vec![true; self.segments.len()].into(),
+            cursor: 0,
+            preserved: Vec::new(),
+        });
+    }
+
+    /// Writes the cards preserved since the last step, then whole segments until about `bytes_budget`
+    /// bytes are written; true once the snapshot is all written.
+    pub fn snapshot_step(&mut self, out: &mut dyn Write, bytes_budget: usize) -> io::Result<bool> {
+        let snapshot = self.snapshot.as_mut().expect("a snapshot is in progress");
+        let mut written = 0;
+        if let Some(header) = snapshot.header.take() {
+            out.write_all(&header)?;
+        }
+        out.write_all(&snapshot.preserved)?;
+        written += snapshot.preserved.len();
+        snapshot.preserved.clear();
+        while written < bytes_budget && snapshot.cursor < self.segments.len() {
+            let segment = snapshot.cursor;
+            snapshot.cursor += 1;
+            debug_assert!(snapshot.pending[segment]);
+            snapshot.pending[segment] = false;
+            for (card, packed) in self.segments[segment].iter_mut() {
+                if is_marked(packed) {
+                    set_mark(packed, false);
+                } else {
+                    write_card(out, *card, packed)?;
+                    written += 12 + CardHistory(packed).used_bytes();
+                }
+            }
+        }
+        let done = snapshot.cursor == self.segments.len();
+        if done {
+            self.snapshot = None;
+        }
+        Ok(done)
+    }
+
+    /// Asserts what holds between snapshots: no card carries the mark, and the counts are right.
+    pub fn check(&self) {
+        assert!(self.snapshot.is_none());
+        let mut counted = (0, 0);
+        for (index, segment) in self.segments.iter().enumerate() {
+            for (card, packed) in segment {
+                assert!(!is_marked(packed), "card {card} still marked");
+                assert_eq!(segment_of(*card), index, "card {card} in another segment");
+                counted.0 += 1;
+                counted.1 += CardHistory(packed).len() as u64;
+            }
+        }
+        assert_eq!(counted, (self.cards, self.entries));
     }
 
     pub fn restore(input: &mut dyn Read) -> io::Result<Self> {
@@ -341,7 +511,8 @@ impl HistoryStore {
         input.read_exact(&mut word)?;
         let count = u64::from_le_bytes(word);
         let mut store = Self::new(cap);
-        store.cards.reserve(count as usize);
+        // Bounded by what a partition can hold, so that a damaged count cannot reserve the machine.
+        store.reserve_cards(count.min(1 << 26) as usize);
         let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
         for _ in 0..count {
             input.read_exact(&mut word)?;
@@ -357,12 +528,18 @@ impl HistoryStore {
             }
             let mut packed = vec![0; len];
             input.read_exact(&mut packed)?;
-            let entries = CardHistory(&packed).len();
-            if entries != (len - HEADER_BYTES) / ENTRY_BYTES {
+            if is_marked(&packed)
+                || CardHistory(&packed).len() != (len - HEADER_BYTES) / ENTRY_BYTES
+            {
                 return Err(invalid("card history count disagrees with its length"));
             }
+            let entries = CardHistory(&packed).len();
+            let segment = &mut store.segments[segment_of(card)];
+            if segment.insert(card, packed.into_boxed_slice()).is_some() {
+                return Err(invalid("a card's history appears twice"));
+            }
+            store.cards += 1;
             store.entries += entries as u64;
-            store.cards.insert(card, packed.into_boxed_slice());
         }
         Ok(store)
     }
@@ -461,14 +638,14 @@ mod tests {
         assert_eq!(store.entries(), 4);
         assert_eq!(store.cards(), 2);
         // Card 1 holds its cap of 3; card 2 one entry, with room up to the growth step or the cap.
-        assert_eq!(store.cards[&1].len(), HEADER_BYTES + 3 * ENTRY_BYTES);
-        assert_eq!(store.cards[&2].len(), HEADER_BYTES + 3 * ENTRY_BYTES);
+        assert_eq!(store.get(1).unwrap().len(), HEADER_BYTES + 3 * ENTRY_BYTES);
+        assert_eq!(store.get(2).unwrap().len(), HEADER_BYTES + 3 * ENTRY_BYTES);
         let mut store = HistoryStore::new(32);
         for i in 0..9 {
             store.store(&txn(1, T + i, i), 0);
         }
         assert_eq!(
-            store.cards[&1].len(),
+            store.get(1).unwrap().len(),
             HEADER_BYTES + 12 * ENTRY_BYTES,
             "grows in steps"
         );
@@ -519,6 +696,82 @@ mod tests {
         let later = T + HISTORY_WINDOW_MS + 1000;
         store.score_and_store(&txn(1, later, 101), &CaseStudyRules, &mut window);
         assert!(window.is_empty(), "both earlier entries are 90 days old");
+    }
+
+    mod steps {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            /// Card, minutes after T (or a year before it, which rebuilds the card), amount, verdict.
+            Store(u64, u64, bool, u64, u8),
+            Begin,
+            Step(usize),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                6 => (0..48u64, 0..5_000u64, proptest::bool::weighted(0.05), 0..1_000u64, 0..50u8)
+                    .prop_map(|(card, minutes, rebuild, amount, verdict)| {
+                        Op::Store(card * 7_919, minutes, rebuild, amount, verdict)
+                    }),
+                1 => Just(Op::Begin),
+                3 => (1..3_000usize).prop_map(Op::Step),
+            ]
+        }
+
+        fn same_cards(a: &HistoryStore, b: &HistoryStore) {
+            assert_eq!((a.cards(), a.entries()), (b.cards(), b.entries()));
+            for card in (0..48u64).map(|c| c * 7_919) {
+                assert_eq!(a.history(card), b.history(card), "card {card}");
+            }
+        }
+
+        proptest! {
+            /// A snapshot written in steps, with transactions stored between the steps, reads back as
+            /// the store was when it began; the marks are all gone once it is written.
+            #[test]
+            fn a_snapshot_in_steps_is_the_store_as_it_began(ops in proptest::collection::vec(op(), 1..300)) {
+                let mut store = HistoryStore::new(6);
+                let mut in_progress: Option<(HistoryStore, Vec<u8>)> = None;
+                let step = |store: &mut HistoryStore, bytes: &mut Vec<u8>, budget| {
+                    store.snapshot_step(bytes, budget).unwrap()
+                };
+                for op in ops {
+                    match op {
+                        Op::Store(card, minutes, rebuild, amount, verdict) => {
+                            let ts = if rebuild { T - 365 * 86_400_000 } else { T + minutes * 60_000 };
+                            store.store(&txn(card, ts, amount), verdict);
+                        }
+                        Op::Begin if in_progress.is_none() => {
+                            let mut whole = Vec::new();
+                            store.write_snapshot(&mut whole).unwrap();
+                            let expected = HistoryStore::restore(&mut whole.as_slice()).unwrap();
+                            store.begin_snapshot();
+                            in_progress = Some((expected, Vec::new()));
+                        }
+                        Op::Begin => {}
+                        Op::Step(budget) => {
+                            if let Some((expected, mut bytes)) = in_progress.take() {
+                                if step(&mut store, &mut bytes, budget) {
+                                    let restored = HistoryStore::restore(&mut bytes.as_slice()).unwrap();
+                                    same_cards(&restored, &expected);
+                                    store.check();
+                                } else {
+                                    in_progress = Some((expected, bytes));
+                                }
+                            }
+                        }
+                    }
+                }
+                if let Some((expected, mut bytes)) = in_progress {
+                    while !step(&mut store, &mut bytes, 1 << 20) {}
+                    same_cards(&HistoryStore::restore(&mut bytes.as_slice()).unwrap(), &expected);
+                }
+                store.check();
+            }
+        }
     }
 
     #[test]

@@ -35,6 +35,17 @@ impl Default for Stats {
 }
 
 impl Stats {
+    /// As a snapshot holds them: scored, imported, then the count of each rule, each a u64.
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 * (2 + self.flagged_by_rule.len()));
+        out.put_u64(self.scored);
+        out.put_u64(self.imported);
+        for count in self.flagged_by_rule {
+            out.put_u64(count);
+        }
+        out
+    }
+
     pub fn flagged(&self) -> u64 {
         self.flagged_by_rule[1..].iter().sum()
     }
@@ -70,12 +81,7 @@ impl PartitionStats {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(8 * (5 + self.stats.flagged_by_rule.len()));
-        out.put_u64(self.stats.scored);
-        out.put_u64(self.stats.imported);
-        for count in self.stats.flagged_by_rule {
-            out.put_u64(count);
-        }
+        let mut out = self.stats.encode();
         out.put_u64(self.cards);
         out.put_u64(self.entries);
         out.put_u64(self.heap_bytes);
@@ -106,6 +112,8 @@ impl PartitionStats {
 pub struct FraudState {
     store: HistoryStore,
     stats: Stats,
+    /// The counts as they were when the snapshot in progress began, until its first step writes them.
+    snapshot_stats: Option<Vec<u8>>,
     rules: Arc<dyn RuleSet>,
     cipher: Arc<CardCipher>,
     /// Scratch for the history window of the transaction being scored.
@@ -121,6 +129,7 @@ impl FraudState {
         Self {
             store: HistoryStore::new(entries_per_card_max),
             stats: Stats::default(),
+            snapshot_stats: None,
             rules,
             cipher,
             window: Vec::new(),
@@ -159,6 +168,7 @@ impl FraudState {
         Ok(Self {
             store,
             stats,
+            snapshot_stats: None,
             rules,
             cipher,
             window: Vec::new(),
@@ -249,13 +259,31 @@ impl StateMachine for FraudState {
 
     fn write_snapshot(&self, out: &mut dyn Write) -> io::Result<()> {
         let mut sealed = SealingWriter::new(out, &self.cipher);
-        sealed.write_all(&self.stats.scored.to_le_bytes())?;
-        sealed.write_all(&self.stats.imported.to_le_bytes())?;
-        for count in self.stats.flagged_by_rule {
-            sealed.write_all(&count.to_le_bytes())?;
-        }
+        sealed.write_all(&self.stats.encode())?;
         self.store.write_snapshot(&mut sealed)?;
         sealed.finish()
+    }
+
+    /// The counts are written by the first step as they were now; the card histories follow in steps
+    /// (see `HistoryStore::begin_snapshot`).
+    fn begin_snapshot(&mut self) -> bool {
+        self.snapshot_stats = Some(self.stats.encode());
+        self.store.begin_snapshot();
+        true
+    }
+
+    /// Each step is sealed on its own: the snapshot is a run of sealed chunks however it was cut.
+    fn write_snapshot_step(
+        &mut self,
+        out: &mut dyn Write,
+        bytes_budget: usize,
+    ) -> io::Result<bool> {
+        let mut plain = self.snapshot_stats.take().unwrap_or_default();
+        let done = self.store.snapshot_step(&mut plain, bytes_budget)?;
+        let mut sealed = SealingWriter::new(out, &self.cipher);
+        sealed.write_all(&plain)?;
+        sealed.finish()?;
+        Ok(done)
     }
 
     fn read(&self, query: &[u8]) -> Vec<u8> {
