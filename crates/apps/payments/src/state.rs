@@ -15,17 +15,16 @@ use crate::command::{
     Refusal, Reply, Status, decode, encode,
 };
 use serde::{Deserialize, Serialize};
-use spate_engine::wire::{ReadLe, WriteLe};
 use spate_engine::{Effects, StateMachine};
 use spate_fraud::history::HistoryStore;
 use spate_fraud::record::{Digits, Txn};
 use spate_fraud::rules::RuleSet;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::Arc;
 
-/// Largest snapshot section accepted when restoring.
-const SNAPSHOT_SECTION_BYTES_MAX: usize = u32::MAX as usize;
+mod snapshot;
+use snapshot::{PAYMENT_SEGMENTS, Payments};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct CaptureRef {
@@ -79,14 +78,38 @@ pub struct Details {
 
 /// The part of the partition state kept in the snapshot besides the fraud history; the indexes are
 /// rebuilt from it.
-#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Ledger {
-    /// Boxed: a payment is a few hundred bytes, and a table of a million of them inline would move all
-    /// of them each time it grows, stalling the partition for seconds.
-    pub payments: HashMap<PaymentId, Box<Payment>>,
+#[derive(Debug)]
+pub(crate) struct Ledger {
+    /// Boxed: a payment is a few hundred bytes, and a segment of them inline would move all of them
+    /// each time it grows. Segmented, so that a snapshot writes them in steps (see `snapshot.rs`).
+    pub payments: Payments,
     pub batches: BTreeMap<u64, Batch>,
     pub next_capture_seq: u64,
     pub authorizations: u64,
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Self {
+            payments: Payments::new(PAYMENT_SEGMENTS),
+            batches: BTreeMap::new(),
+            next_capture_seq: 0,
+            authorizations: 0,
+        }
+    }
+}
+
+impl PartialEq for Ledger {
+    fn eq(&self, other: &Self) -> bool {
+        fn sorted(payments: &Payments) -> Vec<(&PaymentId, &Payment)> {
+            let mut all: Vec<_> = payments.iter().map(|(id, p)| (id, &**p)).collect();
+            all.sort_unstable_by_key(|(id, _)| **id);
+            all
+        }
+        sorted(&self.payments) == sorted(&other.payments)
+            && (&self.batches, self.next_capture_seq, self.authorizations)
+                == (&other.batches, other.next_capture_seq, other.authorizations)
+    }
 }
 
 pub struct PaymentsState {
@@ -98,6 +121,8 @@ pub struct PaymentsState {
     history: HistoryStore,
     rules: Arc<dyn RuleSet>,
     window: Vec<Txn>,
+    /// The start of the snapshot in progress (see `snapshot.rs`), until its first step writes it.
+    snapshot_book: Option<Vec<u8>>,
 }
 
 impl PaymentsState {
@@ -109,6 +134,7 @@ impl PaymentsState {
             history: HistoryStore::new(entries_per_card_max),
             rules,
             window: Vec::new(),
+            snapshot_book: None,
         }
     }
 
@@ -120,8 +146,9 @@ impl PaymentsState {
             history,
             rules,
             window: Vec::new(),
+            snapshot_book: None,
         };
-        for payment in state.ledger.payments.values() {
+        for (_, payment) in state.ledger.payments.iter() {
             if payment.status == Status::Authorized {
                 state
                     .deadlines
@@ -177,7 +204,11 @@ impl PaymentsState {
             .skip(offset)
             .take(limit)
             .map(|r| {
-                let payment = &self.ledger.payments[&r.payment];
+                let payment = &self
+                    .ledger
+                    .payments
+                    .get(&r.payment)
+                    .expect("a known payment");
                 Detail {
                     merchant: payment.merchant.clone(),
                     currency: payment.currency.clone(),
@@ -220,7 +251,12 @@ impl PaymentsState {
     }
 
     fn changed(&self, kind: EventKind, id: PaymentId, emit: &mut dyn FnMut(Event)) -> Reply {
-        let payment = self.ledger.payments[&id].clone();
+        let payment = self
+            .ledger
+            .payments
+            .get(&id)
+            .expect("a known payment")
+            .clone();
         emit(Event::Changed {
             kind,
             payment: payment.clone(),
@@ -475,7 +511,11 @@ impl PaymentsState {
             if taken.len() == limit as usize {
                 break;
             }
-            let payment = &self.ledger.payments[&capture.payment];
+            let payment = &self
+                .ledger
+                .payments
+                .get(&capture.payment)
+                .expect("a known payment");
             if payment.captures[usize::from(capture.index)].created_ms > batch_id {
                 break;
             }
@@ -513,7 +553,11 @@ impl PaymentsState {
             }
         }
         let more = self.spool.first_key_value().is_some_and(|(_, capture)| {
-            let payment = &self.ledger.payments[&capture.payment];
+            let payment = &self
+                .ledger
+                .payments
+                .get(&capture.payment)
+                .expect("a known payment");
             payment.captures[usize::from(capture.index)].created_ms <= batch_id
         });
         Reply::Assigned {
@@ -562,7 +606,7 @@ impl PaymentsState {
     /// Checks every invariant of the module comment; for tests.
     pub fn check(&self) {
         let mut spooled = 0;
-        for payment in self.ledger.payments.values() {
+        for (_, payment) in self.ledger.payments.iter() {
             let captured = payment.amount_captured();
             assert!(
                 captured + payment.amount_capturable <= payment.amount,
@@ -586,9 +630,7 @@ impl PaymentsState {
     }
 
     pub fn restore(input: &mut dyn io::Read, rules: Arc<dyn RuleSet>) -> io::Result<Self> {
-        let bytes = input.read_bytes_le(SNAPSHOT_SECTION_BYTES_MAX)?;
-        let ledger: Ledger =
-            decode(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let ledger = Ledger::read_snapshot(input)?;
         let history = HistoryStore::restore(input)?;
         Ok(Self::with_ledger(ledger, history, rules))
     }
@@ -614,8 +656,30 @@ impl StateMachine for PaymentsState {
     }
 
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
-        out.write_bytes_le(&encode(&self.ledger))?;
+        self.ledger.write_snapshot(out)?;
         self.history.write_snapshot(out)
+    }
+
+    /// The settlement book is encoded now, the payments and then the card histories follow in steps.
+    fn begin_snapshot(&mut self) -> bool {
+        self.snapshot_book = Some(self.ledger.begin_snapshot());
+        self.history.begin_snapshot();
+        true
+    }
+
+    fn write_snapshot_step(
+        &mut self,
+        out: &mut dyn io::Write,
+        bytes_budget: usize,
+    ) -> io::Result<bool> {
+        if let Some(book) = self.snapshot_book.take() {
+            out.write_all(&book)?;
+        }
+        if self.ledger.payments.snapshot_in_progress() {
+            self.ledger.payments.snapshot_step(out, bytes_budget)?;
+            return Ok(false);
+        }
+        self.history.snapshot_step(out, bytes_budget)
     }
 
     fn read(&self, query: &[u8]) -> Vec<u8> {

@@ -3,6 +3,7 @@ use crate::command::{Scoring, StoredCard, Tax};
 use crate::keys::SealedCard;
 use proptest::prelude::*;
 use spate_fraud::rules::CaseStudyRules;
+use std::collections::HashMap;
 
 const HOUR_MS: u64 = 3_600_000;
 /// 2026-11-22T00:00:00Z
@@ -70,6 +71,13 @@ fn capture(n: u8, amount: Option<u64>, final_capture: bool) -> Command {
         amount,
         final_capture,
     }
+}
+
+/// A payment as an authorization leaves it, for the tests of other modules.
+pub(super) fn authorized_payment() -> Payment {
+    let mut s = state();
+    run(&mut s, authorize(1, 1000), START_MS);
+    s.payment(&id(1)).expect("authorized").clone()
 }
 
 fn run(state: &mut PaymentsState, command: Command, now_ms: u64) -> Reply {
@@ -398,6 +406,8 @@ enum Op {
     Wait(u64),
     Assign(u32),
     Confirm(u32),
+    /// A step of a snapshot in steps (the first one begins it), with this budget in bytes.
+    SnapshotStep(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -411,6 +421,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0..12 * HOUR_MS).prop_map(Op::Wait),
         (1..5u32).prop_map(Op::Assign),
         (1..5u32).prop_map(Op::Confirm),
+        (1..600usize).prop_map(Op::SnapshotStep),
     ]
 }
 
@@ -423,8 +434,34 @@ proptest! {
         let mut now = START_MS;
         let mut batch = None;
         let mut closed = HashMap::new();
+        // The snapshot in steps being written: its bytes so far, and the state as it was at its start.
+        let mut snapshot: Option<(Vec<u8>, PaymentsState)> = None;
+        let whole = |s: &PaymentsState| {
+            let mut bytes = Vec::new();
+            s.write_snapshot(&mut bytes).unwrap();
+            PaymentsState::restore(&mut &bytes[..], Arc::new(CaseStudyRules)).unwrap()
+        };
         for op in ops {
             now += 1;
+            if let Op::SnapshotStep(budget) = op {
+                let (mut bytes, at_start) = match snapshot.take() {
+                    Some(started) => started,
+                    None => {
+                        let at_start = whole(&s);
+                        prop_assert!(s.begin_snapshot());
+                        (Vec::new(), at_start)
+                    }
+                };
+                if s.write_snapshot_step(&mut bytes, budget).unwrap() {
+                    let restored = PaymentsState::restore(&mut &bytes[..], Arc::new(CaseStudyRules)).unwrap();
+                    prop_assert_eq!(&restored.ledger, &at_start.ledger);
+                    prop_assert_eq!(&restored.spool, &at_start.spool);
+                    prop_assert_eq!(&restored.deadlines, &at_start.deadlines);
+                } else {
+                    snapshot = Some((bytes, at_start));
+                }
+                continue;
+            }
             let command = match op {
                 Op::Authorize(n, amount) => authorize(n, amount),
                 Op::Capture(n, amount, final_capture) => Command::Capture { payment: id(n), amount, final_capture },
@@ -439,6 +476,7 @@ proptest! {
                     Some(id) => Command::SettleConfirm { batch: id, limit },
                     None => Command::Tick,
                 },
+                Op::SnapshotStep(_) => unreachable!("handled above"),
             };
             let was_capture = matches!(command, Command::Capture { .. });
             let target = match &command {
@@ -455,15 +493,18 @@ proptest! {
                     prop_assert!(matches!(reply, Reply::Refused(_)), "captured after close: {reply:?}");
                 }
             }
-            for (id, payment) in &s.ledger.payments {
+            for (id, payment) in s.ledger.payments.iter() {
                 let is_closed = payment.status != Status::Authorized;
                 prop_assert!(!closed.get(id).copied().unwrap_or(false) || is_closed, "{id} reopened");
                 closed.insert(*id, is_closed);
             }
         }
-        let mut bytes = Vec::new();
-        s.write_snapshot(&mut bytes).unwrap();
-        let restored = PaymentsState::restore(&mut &bytes[..], Arc::new(CaseStudyRules)).unwrap();
+        if let Some((mut bytes, at_start)) = snapshot {
+            while !s.write_snapshot_step(&mut bytes, 1 << 20).unwrap() {}
+            let restored = PaymentsState::restore(&mut &bytes[..], Arc::new(CaseStudyRules)).unwrap();
+            prop_assert_eq!(&restored.ledger, &at_start.ledger);
+        }
+        let restored = whole(&s);
         prop_assert_eq!(&restored.ledger, &s.ledger);
         prop_assert_eq!(&restored.spool, &s.spool);
     }
