@@ -24,7 +24,7 @@ use std::io;
 use std::sync::Arc;
 
 mod snapshot;
-use snapshot::{PAYMENT_SEGMENTS, Payments};
+use snapshot::{BatchesCursor, PAYMENT_SEGMENTS, Payments};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct CaptureRef {
@@ -122,7 +122,9 @@ pub struct PaymentsState {
     rules: Arc<dyn RuleSet>,
     window: Vec<Txn>,
     /// The start of the snapshot in progress (see `snapshot.rs`), until its first step writes it.
-    snapshot_book: Option<Vec<u8>>,
+    snapshot_start: Option<Vec<u8>>,
+    /// How far the snapshot in progress wrote the batches' captures, until they are all written.
+    snapshot_batches: Option<BatchesCursor>,
 }
 
 impl PaymentsState {
@@ -134,7 +136,8 @@ impl PaymentsState {
             history: HistoryStore::new(entries_per_card_max),
             rules,
             window: Vec::new(),
-            snapshot_book: None,
+            snapshot_start: None,
+            snapshot_batches: None,
         }
     }
 
@@ -146,7 +149,8 @@ impl PaymentsState {
             history,
             rules,
             window: Vec::new(),
-            snapshot_book: None,
+            snapshot_start: None,
+            snapshot_batches: None,
         };
         for (_, payment) in state.ledger.payments.iter() {
             if payment.status == Status::Authorized {
@@ -660,9 +664,12 @@ impl StateMachine for PaymentsState {
         self.history.write_snapshot(out)
     }
 
-    /// The settlement book is encoded now, the payments and then the card histories follow in steps.
+    /// The book is encoded now; the batches' captures, the payments and the card histories follow in
+    /// steps.
     fn begin_snapshot(&mut self) -> bool {
-        self.snapshot_book = Some(self.ledger.begin_snapshot());
+        let (start, batches) = self.ledger.begin_snapshot();
+        self.snapshot_start = Some(start);
+        self.snapshot_batches = Some(batches);
         self.history.begin_snapshot();
         true
     }
@@ -672,8 +679,14 @@ impl StateMachine for PaymentsState {
         out: &mut dyn io::Write,
         bytes_budget: usize,
     ) -> io::Result<bool> {
-        if let Some(book) = self.snapshot_book.take() {
-            out.write_all(&book)?;
+        if let Some(start) = self.snapshot_start.take() {
+            out.write_all(&start)?;
+        }
+        if let Some(cursor) = &mut self.snapshot_batches {
+            if self.ledger.batches_step(cursor, out, bytes_budget)? {
+                self.snapshot_batches = None;
+            }
+            return Ok(false);
         }
         if self.ledger.payments.snapshot_in_progress() {
             self.ledger.payments.snapshot_step(out, bytes_budget)?;

@@ -1,13 +1,16 @@
-//! The payments partition's snapshot, written in steps while apply goes on: the settlement book (batches
-//! and counters) encoded whole when the snapshot begins, then the payments a segment at a time
-//! (`spate_engine::SegmentedMap`), then the card histories (`HistoryStore`, in steps of its own).
+//! The payments partition's snapshot, written in steps while apply goes on: the book (counters and each
+//! settlement batch's size) when the snapshot begins, then the batches' captures, then the payments a
+//! segment at a time (`spate_engine::SegmentedMap`), then the card histories (`HistoryStore`, in steps
+//! of its own). Captures are only ever appended to a batch, so the first `captures` of a batch's head
+//! are the ones it had when the snapshot began, and they are written in steps without a copy.
 //!
-//! Format: [`STEPPED_FORMAT`], the book (postcard behind its u32 length), the payments' map, then the
-//! histories. Snapshots from before (the whole ledger as one postcard value behind its u32 length, then
-//! the histories) are still read.
+//! Format: [`STEPPED_FORMAT`], the book (postcard behind its u32 length), each batch's captures
+//! ([`CAPTURE_REF_BYTES`] each, in the book's order), the payments' map, then the histories. Snapshots
+//! from before (the whole ledger as one postcard value behind its u32 length, then the histories) are
+//! still read.
 
-use super::{Batch, Ledger};
-use crate::command::{Payment, PaymentId, decode, encode};
+use super::{Batch, CaptureRef, Ledger};
+use crate::command::{PAYMENT_ID_BYTES, Payment, PaymentId, decode, encode};
 use serde::{Deserialize, Serialize};
 use spate_engine::wire::{ReadLe, WriteLe};
 use spate_engine::{EntryCodec, SegmentedMap};
@@ -23,6 +26,8 @@ pub(crate) const PAYMENT_SEGMENTS: usize = 4096;
 /// holds up to 65,536 captures.
 const PAYMENT_BYTES_MAX: usize = 16 << 20;
 const SECTION_BYTES_MAX: usize = u32::MAX as usize - 1;
+/// A capture in a batch: its payment's id and its index in the payment.
+const CAPTURE_REF_BYTES: usize = PAYMENT_ID_BYTES + 2;
 
 pub(crate) type Payments = SegmentedMap<PaymentId, Box<Payment>, PaymentCodec>;
 
@@ -46,20 +51,53 @@ fn invalid(error: postcard::Error) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, error)
 }
 
-/// What the snapshot holds of the ledger besides its payments, as written.
-#[derive(Serialize)]
-struct BookRef<'a> {
-    batches: &'a BTreeMap<u64, Batch>,
-    next_capture_seq: u64,
-    authorizations: u64,
+/// A settlement batch as it was when the snapshot began.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct BatchHead {
+    id: u64,
+    captures: u64,
+    confirmed: u64,
 }
 
-/// The same, as read.
-#[derive(Deserialize)]
+/// What the snapshot holds of the ledger besides the batches' captures and the payments.
+#[derive(Serialize, Deserialize)]
 struct Book {
-    batches: BTreeMap<u64, Batch>,
     next_capture_seq: u64,
     authorizations: u64,
+    batches: Vec<BatchHead>,
+}
+
+/// How far a snapshot in steps has written the batches' captures.
+#[derive(Debug)]
+pub(crate) struct BatchesCursor {
+    heads: Vec<BatchHead>,
+    /// The head being written, and how many of its captures are.
+    batch: usize,
+    written: usize,
+}
+
+fn write_captures(captures: &[CaptureRef], out: &mut dyn io::Write) -> io::Result<()> {
+    let mut bytes = Vec::with_capacity(captures.len() * CAPTURE_REF_BYTES);
+    for capture in captures {
+        bytes.extend_from_slice(&capture.payment.0);
+        bytes.extend_from_slice(&capture.index.to_le_bytes());
+    }
+    out.write_all(&bytes)
+}
+
+fn read_captures(count: u64, input: &mut dyn io::Read) -> io::Result<Vec<CaptureRef>> {
+    // Bounded, so that a damaged count cannot reserve gigabytes before the bytes run out.
+    let mut captures = Vec::with_capacity(count.min(1 << 20) as usize);
+    let mut bytes = [0; CAPTURE_REF_BYTES];
+    for _ in 0..count {
+        input.read_exact(&mut bytes)?;
+        let (id, index) = bytes.split_at(PAYMENT_ID_BYTES);
+        captures.push(CaptureRef {
+            payment: PaymentId(id.try_into().expect("PAYMENT_ID_BYTES")),
+            index: u16::from_le_bytes(index.try_into().expect("2 bytes")),
+        });
+    }
+    Ok(captures)
 }
 
 /// The format before steps: the whole ledger as one postcard value.
@@ -72,31 +110,71 @@ struct WholeLedger {
 }
 
 impl Ledger {
-    /// The format and the book, as they are now.
-    fn snapshot_start(&self) -> Vec<u8> {
-        let book = encode(&BookRef {
-            batches: &self.batches,
+    /// The format and the book, as they are now, and the batches' heads.
+    fn snapshot_start(&self) -> (Vec<u8>, Vec<BatchHead>) {
+        let heads: Vec<BatchHead> = (self.batches.iter())
+            .map(|(&id, batch)| BatchHead {
+                id,
+                captures: batch.captures.len() as u64,
+                confirmed: batch.confirmed as u64,
+            })
+            .collect();
+        let book = encode(&Book {
             next_capture_seq: self.next_capture_seq,
             authorizations: self.authorizations,
+            batches: heads.clone(),
         });
         let mut start = Vec::with_capacity(8 + book.len());
         start.extend_from_slice(&STEPPED_FORMAT.to_le_bytes());
         start.extend_from_slice(&(book.len() as u32).to_le_bytes());
         start.extend_from_slice(&book);
-        start
+        (start, heads)
     }
 
     /// Writes the whole ledger at once.
     pub fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
-        out.write_all(&self.snapshot_start())?;
+        out.write_all(&self.snapshot_start().0)?;
+        for batch in self.batches.values() {
+            write_captures(&batch.captures, out)?;
+        }
         self.payments.write_all(out)
     }
 
     /// Starts a snapshot of the ledger as it is now and returns its first bytes (the format and the
-    /// book); `self.payments.snapshot_step` writes the rest.
-    pub fn begin_snapshot(&mut self) -> Vec<u8> {
+    /// book); [`Self::batches_step`], then `self.payments.snapshot_step`, write the rest.
+    pub fn begin_snapshot(&mut self) -> (Vec<u8>, BatchesCursor) {
         self.payments.begin_snapshot();
-        self.snapshot_start()
+        let (start, heads) = self.snapshot_start();
+        let cursor = BatchesCursor {
+            heads,
+            batch: 0,
+            written: 0,
+        };
+        (start, cursor)
+    }
+
+    /// Writes about `bytes_budget` bytes of the batches' captures as they were when the snapshot began;
+    /// true once all are written.
+    pub fn batches_step(
+        &self,
+        cursor: &mut BatchesCursor,
+        out: &mut dyn io::Write,
+        bytes_budget: usize,
+    ) -> io::Result<bool> {
+        let mut budget = bytes_budget.div_ceil(CAPTURE_REF_BYTES);
+        while let Some(head) = cursor.heads.get(cursor.batch) {
+            let captures = &self.batches[&head.id].captures[..head.captures as usize];
+            let end = (cursor.written + budget).min(captures.len());
+            write_captures(&captures[cursor.written..end], out)?;
+            budget -= end - cursor.written;
+            cursor.written = end;
+            if end < captures.len() {
+                return Ok(false);
+            }
+            cursor.batch += 1;
+            cursor.written = 0;
+        }
+        Ok(true)
     }
 
     /// Reads what [`Self::write_snapshot`] or a snapshot in steps wrote, or a snapshot in the format
@@ -105,9 +183,24 @@ impl Ledger {
         let format_or_len = input.read_u32_le()?;
         if format_or_len == STEPPED_FORMAT {
             let book: Book = decode(&input.read_bytes_le(SECTION_BYTES_MAX)?).map_err(invalid)?;
+            let mut batches = BTreeMap::new();
+            for head in book.batches {
+                let captures = read_captures(head.captures, input)?;
+                let confirmed = usize::try_from(head.confirmed)
+                    .ok()
+                    .filter(|&confirmed| confirmed <= captures.len())
+                    .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad batch head"))?;
+                batches.insert(
+                    head.id,
+                    Batch {
+                        captures,
+                        confirmed,
+                    },
+                );
+            }
             return Ok(Self {
                 payments: Payments::read(input, PAYMENT_SEGMENTS)?,
-                batches: book.batches,
+                batches,
                 next_capture_seq: book.next_capture_seq,
                 authorizations: book.authorizations,
             });
@@ -132,6 +225,39 @@ impl Ledger {
 mod tests {
     use super::*;
     use crate::state::tests::authorized_payment;
+
+    /// Captures appended and confirmed while a snapshot's steps write a batch are not in it: the batch
+    /// reads back as it was when the snapshot began.
+    #[test]
+    fn a_batch_that_grows_between_steps_is_written_as_it_began() {
+        let capture = |n: u8| CaptureRef {
+            payment: PaymentId::new([n; 8], [n; 12]),
+            index: u16::from(n),
+        };
+        let mut ledger = Ledger::default();
+        let at_start: Vec<CaptureRef> = (0..100).map(capture).collect();
+        ledger.batches.insert(
+            7,
+            Batch {
+                captures: at_start.clone(),
+                confirmed: 40,
+            },
+        );
+        let (mut bytes, mut cursor) = ledger.begin_snapshot();
+        let mut steps = 0;
+        while !ledger.batches_step(&mut cursor, &mut bytes, 100).unwrap() {
+            let batch = ledger.batches.get_mut(&7).unwrap();
+            batch.captures.push(capture(200));
+            batch.confirmed += 1;
+            steps += 1;
+        }
+        assert!(steps > 10, "the batch took {steps} steps");
+        while !ledger.payments.snapshot_step(&mut bytes, 100).unwrap() {}
+
+        let read = Ledger::read_snapshot(&mut bytes.as_slice()).unwrap();
+        assert_eq!(read.batches[&7].captures, at_start);
+        assert_eq!(read.batches[&7].confirmed, 40);
+    }
 
     /// Snapshots written whole before steps existed read back, and the section after them too.
     #[test]
