@@ -37,8 +37,10 @@ pub struct SegmentedMap<K, V, C> {
     snapshot_in_progress: bool,
     /// The next segment a step looks at.
     cursor: usize,
-    /// Blocks of segments written out of turn, because apply was about to change them.
+    /// Blocks of segments written out of turn, because apply was about to change them; the steps hand
+    /// them on from `preserved_at`, a budget at a time.
     preserved: Vec<u8>,
+    preserved_at: usize,
     codec: PhantomData<C>,
 }
 
@@ -58,6 +60,7 @@ impl<K: Hash + Eq, V, C: EntryCodec<K, V>> SegmentedMap<K, V, C> {
             snapshot_in_progress: false,
             cursor: 0,
             preserved: Vec::new(),
+            preserved_at: 0,
             codec: PhantomData,
         }
     }
@@ -144,13 +147,22 @@ impl<K: Hash + Eq, V, C: EntryCodec<K, V>> SegmentedMap<K, V, C> {
         self.snapshot_in_progress
     }
 
-    /// Writes what changes forced out since the last step, then pending segments until about
-    /// `bytes_budget` bytes are written; true once the whole snapshot is written.
+    /// Writes what changes forced out, then pending segments, until about `bytes_budget` bytes are
+    /// written; true once the whole snapshot is written. A command that changes many segments (a
+    /// settlement run, say) forces out many at once: they go on over as many steps as they need, so
+    /// that no step writes much more than its budget.
     pub fn snapshot_step(&mut self, out: &mut dyn Write, bytes_budget: usize) -> io::Result<bool> {
         assert!(self.snapshot_in_progress, "a step belongs to a snapshot");
-        let mut written = self.preserved.len();
-        out.write_all(&self.preserved)?;
-        self.preserved.clear();
+        let (written, flushed) = flush_preserved(
+            &mut self.preserved,
+            &mut self.preserved_at,
+            out,
+            bytes_budget,
+        )?;
+        if !flushed {
+            return Ok(false);
+        }
+        let mut written = written;
         while self.pending_count > 0 && written < bytes_budget {
             let segment = self.cursor;
             self.cursor += 1;
@@ -211,6 +223,28 @@ impl<K, V, C> std::fmt::Debug for SegmentedMap<K, V, C> {
             .field("pending", &self.pending_count)
             .finish()
     }
+}
+
+/// Writes up to `bytes_budget` bytes of `preserved` from `at` on (at least one, so that steps make
+/// progress), and empties it once all is written; returns the bytes written and whether all were.
+/// A snapshot's other bytes must wait until all of `preserved` is written: it holds whole entries, and
+/// a step may stop in the middle of one.
+pub fn flush_preserved(
+    preserved: &mut Vec<u8>,
+    at: &mut usize,
+    out: &mut dyn Write,
+    bytes_budget: usize,
+) -> io::Result<(usize, bool)> {
+    let end = preserved.len().min(*at + bytes_budget.max(1));
+    out.write_all(&preserved[*at..end])?;
+    let written = end - *at;
+    *at = end;
+    if end < preserved.len() {
+        return Ok((written, false));
+    }
+    preserved.clear();
+    *at = 0;
+    Ok((written, true))
 }
 
 fn write_block<'a, K: 'a, V: 'a, C: EntryCodec<K, V>>(

@@ -17,6 +17,7 @@
 use crate::generator::HISTORY_WINDOW_MS;
 use crate::record::{Digits, Txn};
 use crate::rules::RuleSet;
+use spate_engine::segmented::flush_preserved;
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 
@@ -218,8 +219,10 @@ struct SnapshotInProgress {
     pending: Box<[bool]>,
     /// The next segment a step looks at.
     cursor: usize,
-    /// Cards written before they changed, since the last step: the next step hands them on.
+    /// Cards written before they changed: the steps hand them on from `preserved_at`, a budget at a
+    /// time (see `spate_engine::segmented::flush_preserved`).
     preserved: Vec<u8>,
+    preserved_at: usize,
 }
 
 impl HistoryStore {
@@ -448,20 +451,26 @@ impl HistoryStore {
             pending: vec![true; self.segments.len()].into(),
             cursor: 0,
             preserved: Vec::new(),
+            preserved_at: 0,
         });
     }
 
-    /// Writes the cards preserved since the last step, then whole segments until about `bytes_budget`
-    /// bytes are written; true once the snapshot is all written.
+    /// Writes the cards preserved, then whole segments, until about `bytes_budget` bytes are written;
+    /// true once the snapshot is all written.
     pub fn snapshot_step(&mut self, out: &mut dyn Write, bytes_budget: usize) -> io::Result<bool> {
         let snapshot = self.snapshot.as_mut().expect("a snapshot is in progress");
-        let mut written = 0;
         if let Some(header) = snapshot.header.take() {
             out.write_all(&header)?;
         }
-        out.write_all(&snapshot.preserved)?;
-        written += snapshot.preserved.len();
-        snapshot.preserved.clear();
+        let (mut written, flushed) = flush_preserved(
+            &mut snapshot.preserved,
+            &mut snapshot.preserved_at,
+            out,
+            bytes_budget,
+        )?;
+        if !flushed {
+            return Ok(false);
+        }
         while written < bytes_budget && snapshot.cursor < self.segments.len() {
             let segment = snapshot.cursor;
             snapshot.cursor += 1;
@@ -717,7 +726,7 @@ mod tests {
                         Op::Store(card * 7_919, minutes, rebuild, amount, verdict)
                     }),
                 1 => Just(Op::Begin),
-                3 => (1..3_000usize).prop_map(Op::Step),
+                3 => (1..400usize).prop_map(Op::Step),
             ]
         }
 
