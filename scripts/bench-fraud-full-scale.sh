@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# fraud at the case study's full scale: CARDS cards x 20 generated in place, COUNT transactions streamed
+# through the acknowledged stream, then the longest apply pause (with the most CPU time one took), the
+# server's RSS and data directory, and a restart from kill -9 timed until the server answers again.
+# Needs about 17 GB of memory and 16 GB of disk at the default 30 M cards (BENCHMARKS.md, "fraud: the
+# case study's full scale").
+#
+#   scripts/bench-fraud-full-scale.sh [BINARY] [CARDS] [COUNT]
+set -euo pipefail
+
+bin=${1:-target/release/spate}
+cards=${2:-30000000}
+count=${3:-20000000}
+dir=$(mktemp -d)
+port=18180
+stream=18190
+pid=
+cleanup() {
+    [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+
+start() {
+    "$bin" serve --apps fraud --data-dir "$dir/data" --fraud-key-file "$dir/fraud.key" \
+        --listen "127.0.0.1:$port" --fraud-stream-listen "127.0.0.1:$stream" \
+        --fraud-entries-per-card 20 >"$dir/serve.log" 2>&1 &
+    pid=$!
+    until curl -sf "127.0.0.1:$port/health" >/dev/null; do sleep 0.05; done
+}
+
+now() { date +%s.%N; }
+seconds_since() { echo "$(now) - $1" | bc; }
+rss_mib() { echo $(($(awk '/VmRSS/ {print $2}' "/proc/$pid/status") / 1024)); }
+metric_max() {
+    curl -s "127.0.0.1:$port/metrics" | awk -v name="$1" '$1 ~ "^"name"\\{" && $1 ~ /cause="snapshot"/ {
+        if ($2 > max) max = $2 } END { printf "%.1f ms\n", max * 1000 }'
+}
+
+echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB; date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+echo "binary: $bin ($("$bin" --version 2>/dev/null || echo unknown))"
+start
+begin=$(now)
+curl -sf -XPOST "127.0.0.1:$port/fraud/history/generate" -H 'content-type: application/json' \
+    -d "{\"cards\":$cards,\"now_ms\":1800000000000}" >/dev/null
+echo "history: $cards cards x 20 generated and stored in $(seconds_since "$begin") s; RSS $(rss_mib) MiB"
+
+"$bin" fraud push --server "127.0.0.1:$stream" --cards "$cards" --count "$count" \
+    --start-ms 1800000100000 --batch 8192 --window 32 >"$dir/push.json"
+echo "stream: $(cat "$dir/push.json")"
+echo "RSS after the stream: $(rss_mib) MiB; data directory $(du -sm "$dir/data" | cut -f1) MiB"
+echo "longest apply pause (snapshot): $(metric_max spate_apply_pause_max_seconds)," \
+    "most CPU time in one: $(metric_max spate_apply_pause_cpu_max_seconds)"
+echo "snapshots written: $(curl -s "127.0.0.1:$port/metrics" |
+    awk '/^spate_snapshot_seconds_count/ {n += $2} END {print n + 0}')"
+stats=$(curl -s "127.0.0.1:$port/fraud/stats")
+
+kill -9 "$pid"
+wait "$pid" 2>/dev/null || true
+begin=$(now)
+start
+echo "restart after kill -9: serving after $(seconds_since "$begin") s; RSS $(rss_mib) MiB"
+after=$(curl -s "127.0.0.1:$port/fraud/stats")
+strip() { echo "$1" | sed -e 's/"rate_per_s":[0-9.]*,\{0,1\}//' -e 's/"history_bytes[a-z_]*":[0-9.e+-]*,\{0,1\}//g'; }
+if [ "$(strip "$stats")" = "$(strip "$after")" ]; then
+    echo "stats after the restart: identical"
+else
+    echo "stats differ after the restart:"; echo " before: $stats"; echo " after:  $after"; exit 1
+fi
