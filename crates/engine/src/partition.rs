@@ -403,8 +403,13 @@ impl PartitionThread {
         self.metrics.snapshot_pause.record(pause);
     }
 
-    /// Takes what is already queued without blocking, internal messages first.
+    /// Takes what is already queued without blocking, internal messages first. While a snapshot is
+    /// being written it stops after a step's budget of journal bytes, so that the next step follows:
+    /// what apply forces out of a snapshot between two steps (copy-on-write) then stays near what one
+    /// step writes, however long the queue (measured: fraud at 30 M cards applied up to 32 batches of
+    /// 4,096 transactions between two steps, and the step that wrote what they forced out took 310 ms).
     fn drain(&mut self) -> Option<Sender<Result<(), String>>> {
+        let journal_bytes_at_start = self.batch.frames.len();
         for _ in 0..DRAIN_MAX {
             if let Ok(message) = self.internal.try_recv() {
                 if let Some(done) = self.handle_internal(message) {
@@ -420,6 +425,14 @@ impl PartitionThread {
             match self.external.try_recv() {
                 Ok(request) => self.handle_request(request),
                 Err(_) => break,
+            }
+            let taken_in = self
+                .batch
+                .frames
+                .len()
+                .saturating_sub(journal_bytes_at_start);
+            if self.snapshot.is_some() && taken_in >= self.limits.snapshot_step_bytes {
+                break;
             }
         }
         None
