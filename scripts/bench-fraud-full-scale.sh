@@ -6,6 +6,9 @@
 # case study's full scale").
 #
 #   scripts/bench-fraud-full-scale.sh [BINARY] [CARDS] [COUNT]
+#
+# With STOP=term the server is stopped with SIGTERM instead (it writes a final snapshot of every
+# partition, timed), so that the restart is one from a snapshot rather than a replay of the journal.
 set -euo pipefail
 
 bin=${1:-target/release/spate}
@@ -55,11 +58,19 @@ echo "snapshots written: $(curl -s "127.0.0.1:$port/metrics" |
     awk '/^spate_snapshot_seconds_count/ {n += $2} END {print n + 0}')"
 stats=$(curl -s "127.0.0.1:$port/fraud/stats")
 
-kill -9 "$pid"
-wait "$pid" 2>/dev/null || true
+if [ "${STOP:-kill}" = term ]; then
+    begin=$(now)
+    kill -TERM "$pid"
+    wait "$pid" 2>/dev/null || true
+    echo "SIGTERM: stopped, final snapshots written, after $(seconds_since "$begin") s;" \
+        "data directory $(du -sm "$dir/data" | cut -f1) MiB"
+else
+    kill -9 "$pid"
+    wait "$pid" 2>/dev/null || true
+fi
 begin=$(now)
 start
-echo "restart after kill -9: serving after $(seconds_since "$begin") s; RSS $(rss_mib) MiB"
+echo "restart after ${STOP:-kill -9}: serving after $(seconds_since "$begin") s; RSS $(rss_mib) MiB"
 after=$(curl -s "127.0.0.1:$port/fraud/stats")
 strip() { echo "$1" | sed -e 's/"rate_per_s":[0-9.]*,\{0,1\}//' -e 's/"history_bytes[a-z_]*":[0-9.e+-]*,\{0,1\}//g'; }
 if [ "$(strip "$stats")" = "$(strip "$after")" ]; then
