@@ -229,7 +229,7 @@ impl<K, V, C> std::fmt::Debug for SegmentedMap<K, V, C> {
 /// progress), and empties it once all is written; returns the bytes written and whether all were.
 /// A snapshot's other bytes must wait until all of `preserved` is written: it holds whole entries, and
 /// a step may stop in the middle of one.
-pub fn flush_preserved(
+fn flush_preserved(
     preserved: &mut Vec<u8>,
     at: &mut usize,
     out: &mut dyn Write,
