@@ -4,7 +4,7 @@
 //! fed by its events ([`Projection`]). The engine never interprets payloads, replies or events: they are
 //! the app's bytes.
 
-use crate::archive::Archive;
+use crate::archive::{Archive, ArchiveReader};
 use crate::journal::Lsn;
 use crate::record::{Envelope, push_event};
 use crate::{AppId, PartitionId};
@@ -129,10 +129,11 @@ pub trait StateMachine: Any + Send {
     }
 
     /// Answers a read that may come from another node (see `EngineHandle::read`): the query and the
-    /// answer are the app's bytes, since a closure cannot travel. Apps whose reads each need only one
-    /// partition have no use for it and keep this default, which answers nothing. A query may come from
-    /// another node running another version: an unknown one gets an empty answer, never a panic.
-    fn read(&self, _query: &[u8]) -> Vec<u8> {
+    /// answer are the app's bytes, since a closure cannot travel; `archive` holds what the app archived
+    /// on this partition. Apps whose reads each need only one partition have no use for it and keep
+    /// this default, which answers nothing. A query may come from another node running another
+    /// version: an unknown one gets an empty answer, never a panic.
+    fn read(&self, _query: &[u8], _archive: &ArchiveReader<'_>) -> Vec<u8> {
         Vec::new()
     }
 }

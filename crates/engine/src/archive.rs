@@ -415,15 +415,26 @@ impl Archive {
 
 /// A read of one app's archive as of the moment a query runs on its partition.
 pub struct ArchiveReader<'a> {
-    pub(crate) archive: &'a Archive,
+    /// `None` in [`ArchiveReader::EMPTY`].
+    pub(crate) archive: Option<&'a Archive>,
     pub(crate) app: AppId,
     pub(crate) as_of: Lsn,
 }
 
 impl ArchiveReader<'_> {
+    /// An archive that holds nothing: for unit tests of reads that need none.
+    pub const EMPTY: ArchiveReader<'static> = ArchiveReader {
+        archive: None,
+        app: 0,
+        as_of: 0,
+    };
+
     /// The value the app archived under `key`, if any.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ArchiveError> {
-        self.archive.get(self.app, key, self.as_of)
+        match self.archive {
+            Some(archive) => archive.get(self.app, key, self.as_of),
+            None => Ok(None),
+        }
     }
 }
 

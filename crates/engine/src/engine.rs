@@ -787,8 +787,10 @@ impl EngineHandle {
         app: AppId,
         query: Vec<u8>,
     ) -> Result<Vec<u8>, EngineError> {
-        self.query_state(partition, app, move |state, _| Some(state.read(&query)))
-            .await
+        self.query_state(partition, app, move |state, archive| {
+            Some(state.read(&query, archive))
+        })
+        .await
     }
 
     /// Runs `read` on `app`'s state in `partition`'s thread; `None` from it means the state is not of
@@ -802,7 +804,7 @@ impl EngineHandle {
         let (reply_to, reply) = tokio::sync::oneshot::channel();
         let query: partition::QueryFn = Box::new(move |core: &Core| {
             let archive = ArchiveReader {
-                archive: &core.archive,
+                archive: Some(&core.archive),
                 app,
                 as_of: core.next_lsn,
             };

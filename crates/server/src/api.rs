@@ -31,6 +31,14 @@ impl ApiError {
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", message)
     }
+    /// The archive's store could not be read (see `spate_engine::ArchiveError`).
+    pub fn archive(error: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "archive",
+            error.to_string(),
+        )
+    }
 }
 
 impl IntoResponse for ApiError {

@@ -512,6 +512,10 @@ fn card_numbers_and_cvcs_never_reach_disk_or_logs() {
         scanned.iter().any(|p| p.to_string_lossy().contains("snap")),
         "snapshots are scanned: {scanned:?}"
     );
+    assert!(
+        scanned.iter().any(|p| p.starts_with(data.join("archive"))),
+        "the archive's store, which holds the settled payments, is scanned: {scanned:?}"
+    );
     scanned.push(log_path);
     for path in &scanned {
         let bytes = std::fs::read(path).unwrap();
@@ -868,6 +872,27 @@ fn kill_9_under_a_mix_loses_nothing_and_settles_each_capture_once() {
         );
     }
     assert!(report["batches"].as_array().is_some());
+    // Settled, the payments are final and archived; a refund still reaches one, after the restart too.
+    let (id, refunds) = (clients.iter())
+        .find_map(|client| {
+            let acked = client.lock().unwrap();
+            let refundable = |(_, captures, refunds): &(u64, Vec<u64>, Vec<u64>)| {
+                captures.iter().sum::<u64>() > refunds.iter().sum::<u64>()
+            };
+            (acked.payments.iter())
+                .find(|(_, payment)| refundable(payment))
+                .map(|(id, (_, _, refunds))| (id.clone(), refunds.clone()))
+        })
+        .expect("a settled payment with something left to refund");
+    let url = format!("{base}/v1/payments/{id}/refunds");
+    let (status, reply) = post(&agent, &url, Some("late-refund"), &json!({"amount": 1})).unwrap();
+    assert_eq!(status, 200, "{reply}");
+    let (_, payment) = get(&agent, &format!("{base}/v1/payments/{id}"));
+    assert_eq!(
+        payment["refunds"].as_array().unwrap().len(),
+        refunds.len() + 1,
+        "{payment}"
+    );
     println!(
         "seed {seed}: {total_acked} payments, {} settled captures",
         succeeded.len()

@@ -286,7 +286,7 @@ impl StateMachine for FraudState {
         Ok(done)
     }
 
-    fn read(&self, query: &[u8]) -> Vec<u8> {
+    fn read(&self, query: &[u8], _archive: &spate_engine::ArchiveReader<'_>) -> Vec<u8> {
         if query != STATS_QUERY {
             return Vec::new();
         }

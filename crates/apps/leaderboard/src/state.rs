@@ -4,7 +4,7 @@
 use crate::board::{Board, BoardConfig, UpdateError};
 use crate::command::{Command, ItemResult, Outcome};
 use spate_engine::wire::{Put, Reader, WireError};
-use spate_engine::{Effects, StateMachine};
+use spate_engine::{ArchiveReader, Effects, StateMachine};
 use std::collections::BTreeMap;
 use std::io::{self, Read};
 
@@ -243,7 +243,7 @@ impl StateMachine for LeaderboardState {
         Ok(())
     }
 
-    fn read(&self, query: &[u8]) -> Vec<u8> {
+    fn read(&self, query: &[u8], _archive: &ArchiveReader<'_>) -> Vec<u8> {
         if query != BOARDS_QUERY {
             return Vec::new();
         }
@@ -433,7 +433,8 @@ mod tests {
         };
         state.execute(&update, 3, 4, &mut reply);
 
-        let summaries = BoardSummary::decode_all(&state.read(BOARDS_QUERY)).expect("decodes");
+        let summaries = BoardSummary::decode_all(&state.read(BOARDS_QUERY, &ArchiveReader::EMPTY))
+            .expect("decodes");
         let listed: Vec<_> = summaries
             .iter()
             .map(|b| (b.name.as_str(), b.members))
@@ -441,8 +442,12 @@ mod tests {
         assert_eq!(listed, [("alpha", 0), ("beta", 2)]);
         assert_eq!(summaries[1].config, config);
         assert_eq!((summaries[1].season, summaries[1].seasons), (1, 1));
-        assert!(state.read(b"no such query").is_empty());
-        let answer = state.read(BOARDS_QUERY);
+        assert!(
+            state
+                .read(b"no such query", &ArchiveReader::EMPTY)
+                .is_empty()
+        );
+        let answer = state.read(BOARDS_QUERY, &ArchiveReader::EMPTY);
         assert!(BoardSummary::decode_all(&answer[..answer.len() - 1]).is_err());
     }
 }

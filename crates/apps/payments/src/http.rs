@@ -552,10 +552,12 @@ async fn get_payment(
     let partition = payments.engine.partition_of(id.route_key());
     let found = payments
         .engine
-        .query(partition, APP_ID, move |s: &PaymentsState| {
-            s.payment(&id).map(payment_json)
+        .query_archive(partition, APP_ID, move |s: &PaymentsState, archive| {
+            s.find_payment(&id, |key| archive.get(key))
+                .map(|found| found.as_ref().map(payment_json))
         })
-        .await?;
+        .await?
+        .map_err(ApiError::archive)?;
     found
         .map(|body| json_response(StatusCode::OK, &body))
         .ok_or_else(|| refusal(Refusal::NotFound, Some(id)))

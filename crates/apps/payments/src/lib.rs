@@ -88,7 +88,7 @@ pub fn module(config: PaymentsConfig) -> Result<AppModule, String> {
                 Arc::new(CaseStudyRules),
             )?))
         }),
-        archives: false,
+        archives: true,
         projection: Some(Box::new(PaymentsProjection {
             model: model.clone(),
         })),

@@ -7,7 +7,9 @@
 //! - captured (pending + succeeded) + capturable <= amount, and capturable is 0 unless `authorized`;
 //! - refunded <= settled (succeeded captures);
 //! - after cancel, final capture, full capture or expiry, nothing more is capturable;
-//! - the spool holds exactly the pending captures that are in no batch.
+//! - the spool holds exactly the pending captures that are in no batch;
+//! - no final payment ([`archive::is_final`]) stays in memory after a command: it is in the archive,
+//!   and so are the captures of every closed batch.
 
 use crate::card::expired_at;
 use crate::command::{
@@ -23,7 +25,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::Arc;
 
+pub mod archive;
 mod snapshot;
+use archive::{PaymentsArchive, batch_key, decode_batch, is_final, latest_archived, payment_key};
 use snapshot::{BatchesCursor, PAYMENT_SEGMENTS, Payments};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -33,10 +37,12 @@ pub struct CaptureRef {
 }
 
 /// A settlement batch as this partition knows it: its captures in the order they were assigned.
+/// Once all are confirmed the batch is closed: its captures move to the archive ([`batch_key`]) and
+/// it stays here empty, so that its id is never used again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch {
     pub captures: Vec<CaptureRef>,
-    /// How many of `captures` are confirmed; the batch is closed when all are.
+    /// How many of `captures` are confirmed.
     pub confirmed: usize,
 }
 
@@ -125,6 +131,19 @@ pub struct PaymentsState {
     snapshot_start: Option<Vec<u8>>,
     /// How far the snapshot in progress wrote the batches' captures, until they are all written.
     snapshot_batches: Option<BatchesCursor>,
+    /// Whether final payments and closed batches go to the archive; always, but in the unit tests that
+    /// compare a state that archives with one that keeps everything.
+    archives_final: bool,
+    /// An archived payment a command brought back into memory, until the command ends.
+    revived: Option<Revived>,
+}
+
+/// An archived payment in memory while a command may change it.
+#[derive(Debug)]
+struct Revived {
+    id: PaymentId,
+    revision: u32,
+    archived: Payment,
 }
 
 impl PaymentsState {
@@ -138,6 +157,8 @@ impl PaymentsState {
             window: Vec::new(),
             snapshot_start: None,
             snapshot_batches: None,
+            archives_final: true,
+            revived: None,
         }
     }
 
@@ -151,6 +172,8 @@ impl PaymentsState {
             window: Vec::new(),
             snapshot_start: None,
             snapshot_batches: None,
+            archives_final: true,
+            revived: None,
         };
         for (_, payment) in state.ledger.payments.iter() {
             if payment.status == Status::Authorized {
@@ -173,8 +196,21 @@ impl PaymentsState {
         state
     }
 
+    /// A payment still in memory: one that is not final.
     pub fn payment(&self, id: &PaymentId) -> Option<&Payment> {
         self.ledger.payments.get(id).map(Box::as_ref)
+    }
+
+    /// The payment `id`, in memory or archived; `get` reads the archive.
+    pub fn find_payment<E>(
+        &self,
+        id: &PaymentId,
+        get: impl Fn(&[u8]) -> Result<Option<Vec<u8>>, E>,
+    ) -> Result<Option<Payment>, E> {
+        match self.payment(id) {
+            Some(payment) => Ok(Some(payment.clone())),
+            None => Ok(latest_archived(id, get)?.map(|(_, payment)| payment)),
+        }
     }
 
     pub fn spooled(&self) -> usize {
@@ -197,60 +233,100 @@ impl PaymentsState {
             .collect()
     }
 
-    /// Up to `limit` detail records of `batch` from `offset`, in assignment order, and the batch's size.
-    pub fn batch_details(&self, batch: u64, offset: usize, limit: usize) -> (Vec<Detail>, usize) {
-        let Some(batch) = self.ledger.batches.get(&batch) else {
-            return (Vec::new(), 0);
+    /// Up to `limit` detail records of `batch` from `offset`, in assignment order, and the batch's size;
+    /// `get` reads the archive (closed batches and final payments).
+    pub fn batch_details<E>(
+        &self,
+        batch: u64,
+        offset: usize,
+        limit: usize,
+        get: impl Fn(&[u8]) -> Result<Option<Vec<u8>>, E>,
+    ) -> Result<(Vec<Detail>, usize), E> {
+        let Some(batch_here) = self.ledger.batches.get(&batch) else {
+            return Ok((Vec::new(), 0));
         };
-        let details = batch
-            .captures
-            .iter()
-            .skip(offset)
-            .take(limit)
-            .map(|r| {
-                let payment = &self
-                    .ledger
-                    .payments
-                    .get(&r.payment)
-                    .expect("a known payment");
-                Detail {
-                    merchant: payment.merchant.clone(),
-                    currency: payment.currency.clone(),
-                    payment: payment.id,
-                    capture_id: payment.capture_id(usize::from(r.index)),
-                    amount: payment.captures[usize::from(r.index)].amount,
-                    masked: payment.card.masked.clone(),
-                }
-            })
-            .collect();
-        (details, batch.captures.len())
+        let closed;
+        let captures = if batch_here.captures.is_empty() {
+            closed = get(&batch_key(batch))?.map_or_else(Vec::new, |bytes| decode_batch(&bytes));
+            &closed
+        } else {
+            &batch_here.captures
+        };
+        let mut details = Vec::with_capacity(limit.min(captures.len()));
+        for capture in captures.iter().skip(offset).take(limit) {
+            let payment =
+                (self.find_payment(&capture.payment, &get)?).expect("a batch names known payments");
+            let index = usize::from(capture.index);
+            details.push(Detail {
+                merchant: payment.merchant.clone(),
+                currency: payment.currency.clone(),
+                payment: payment.id,
+                capture_id: payment.capture_id(index),
+                amount: payment.captures[index].amount,
+                masked: payment.card.masked.clone(),
+            });
+        }
+        Ok((details, captures.len()))
     }
 
-    /// Applies one command at `now_ms`, emitting events through `emit`.
+    /// Applies one command at `now_ms`, emitting events through `emit`; final payments go to `archive`.
     pub fn apply_command(
         &mut self,
         command: Command,
         now_ms: u64,
+        archive: &mut dyn PaymentsArchive,
         emit: &mut dyn FnMut(Event),
     ) -> Reply {
-        match command {
-            Command::Authorize(authorize) => self.authorize(*authorize, now_ms, emit),
+        let reply = match command {
+            Command::Authorize(authorize) => self.authorize(*authorize, now_ms, archive, emit),
             Command::Capture {
                 payment,
                 amount,
                 final_capture,
-            } => self.capture(payment, amount, final_capture, now_ms, emit),
-            Command::Cancel { payment } => self.cancel(payment, now_ms, emit),
-            Command::Refund { payment, amount } => self.refund(payment, amount, now_ms, emit),
+            } => self.capture(payment, amount, final_capture, now_ms, archive, emit),
+            Command::Cancel { payment } => self.cancel(payment, now_ms, archive, emit),
+            Command::Refund { payment, amount } => {
+                self.refund(payment, amount, now_ms, archive, emit)
+            }
             Command::Tick => Reply::Ticked {
-                expired: self.expire_due(now_ms, emit),
+                expired: self.expire_due(now_ms, archive, emit),
             },
             Command::SettleAssign {
                 batch,
                 suspended,
                 limit,
-            } => self.settle_assign(batch, &suspended, limit, emit),
-            Command::SettleConfirm { batch, limit } => self.settle_confirm(batch, limit, emit),
+            } => self.settle_assign(batch, &suspended, limit, archive, emit),
+            Command::SettleConfirm { batch, limit } => {
+                self.settle_confirm(batch, limit, archive, emit)
+            }
+        };
+        if let Some(revived) = self.revived.take() {
+            let payment = (self.ledger.payments.remove(&revived.id)).expect("revived in memory");
+            assert!(
+                is_final(&payment),
+                "{}: a final payment stays final",
+                revived.id
+            );
+            if *payment != revived.archived {
+                archive.put(
+                    &payment_key(&revived.id, revived.revision + 1),
+                    &encode(&payment),
+                );
+            }
+        }
+        reply
+    }
+
+    /// Moves payment `id` to the archive if it is final, unless it was revived from there (the end of
+    /// the command archives that one).
+    fn archive_if_final(&mut self, id: PaymentId, archive: &mut dyn PaymentsArchive) {
+        if !self.archives_final || self.revived.as_ref().is_some_and(|r| r.id == id) {
+            return;
+        }
+        let payment = self.ledger.payments.get(&id).expect("a known payment");
+        if is_final(payment) {
+            archive.put(&payment_key(&id, 0), &encode(payment));
+            self.ledger.payments.remove(&id);
         }
     }
 
@@ -268,8 +344,16 @@ impl PaymentsState {
         Reply::Payment(payment)
     }
 
-    fn authorize(&mut self, a: Authorize, now_ms: u64, emit: &mut dyn FnMut(Event)) -> Reply {
-        if self.ledger.payments.contains_key(&a.payment) {
+    fn authorize(
+        &mut self,
+        a: Authorize,
+        now_ms: u64,
+        archive: &mut dyn PaymentsArchive,
+        emit: &mut dyn FnMut(Event),
+    ) -> Reply {
+        if self.ledger.payments.contains_key(&a.payment)
+            || archive.get(&payment_key(&a.payment, 0)).is_some()
+        {
             return Reply::Refused(Refusal::Exists);
         }
         self.ledger.authorizations += 1;
@@ -338,13 +422,20 @@ impl PaymentsState {
         };
         let reply = self.changed(kind, a.payment, emit);
         if authorized && a.capture_now {
-            return self.capture(a.payment, None, true, now_ms, emit);
+            return self.capture(a.payment, None, true, now_ms, archive, emit);
         }
+        self.archive_if_final(a.payment, archive);
         reply
     }
 
     /// Ends the authorization of `id` if its deadline has passed; true when it did.
-    fn expire_if_due(&mut self, id: PaymentId, now_ms: u64, emit: &mut dyn FnMut(Event)) -> bool {
+    fn expire_if_due(
+        &mut self,
+        id: PaymentId,
+        now_ms: u64,
+        archive: &mut dyn PaymentsArchive,
+        emit: &mut dyn FnMut(Event),
+    ) -> bool {
         let payment = self
             .ledger
             .payments
@@ -361,10 +452,16 @@ impl PaymentsState {
             Status::Expired
         };
         self.changed(EventKind::Expired, id, emit);
+        self.archive_if_final(id, archive);
         true
     }
 
-    fn expire_due(&mut self, now_ms: u64, emit: &mut dyn FnMut(Event)) -> u64 {
+    fn expire_due(
+        &mut self,
+        now_ms: u64,
+        archive: &mut dyn PaymentsArchive,
+        emit: &mut dyn FnMut(Event),
+    ) -> u64 {
         let due: Vec<PaymentId> = self
             .deadlines
             .range(..(now_ms.saturating_add(1), PaymentId([0; 20])))
@@ -372,22 +469,34 @@ impl PaymentsState {
             .collect();
         let mut expired = 0;
         for id in due {
-            expired += u64::from(self.expire_if_due(id, now_ms, emit));
+            expired += u64::from(self.expire_if_due(id, now_ms, archive, emit));
         }
         expired
     }
 
-    /// The payment, expired first if its deadline passed, or why not.
+    /// Brings payment `id` into memory, from the archive if it is final, and expires it first if its
+    /// deadline passed; or why not.
     fn live(
         &mut self,
         id: PaymentId,
         now_ms: u64,
+        archive: &mut dyn PaymentsArchive,
         emit: &mut dyn FnMut(Event),
     ) -> Result<(), Refusal> {
         if !self.ledger.payments.contains_key(&id) {
-            return Err(Refusal::NotFound);
+            let get = |key: &[u8]| Ok::<_, std::convert::Infallible>(archive.get(key));
+            let Ok(Some((revision, payment))) = latest_archived(&id, get) else {
+                return Err(Refusal::NotFound);
+            };
+            self.ledger.payments.insert(id, Box::new(payment.clone()));
+            self.revived = Some(Revived {
+                id,
+                revision,
+                archived: payment,
+            });
+            return Ok(());
         }
-        self.expire_if_due(id, now_ms, emit);
+        self.expire_if_due(id, now_ms, archive, emit);
         Ok(())
     }
 
@@ -397,9 +506,10 @@ impl PaymentsState {
         amount: Option<u64>,
         final_capture: bool,
         now_ms: u64,
+        archive: &mut dyn PaymentsArchive,
         emit: &mut dyn FnMut(Event),
     ) -> Reply {
-        if let Err(refusal) = self.live(id, now_ms, emit) {
+        if let Err(refusal) = self.live(id, now_ms, archive, emit) {
             return Reply::Refused(refusal);
         }
         let payment = self.ledger.payments.get_mut(&id).expect("checked by live");
@@ -442,8 +552,14 @@ impl PaymentsState {
         self.changed(EventKind::CaptureRequested, id, emit)
     }
 
-    fn cancel(&mut self, id: PaymentId, now_ms: u64, emit: &mut dyn FnMut(Event)) -> Reply {
-        if let Err(refusal) = self.live(id, now_ms, emit) {
+    fn cancel(
+        &mut self,
+        id: PaymentId,
+        now_ms: u64,
+        archive: &mut dyn PaymentsArchive,
+        emit: &mut dyn FnMut(Event),
+    ) -> Reply {
+        if let Err(refusal) = self.live(id, now_ms, archive, emit) {
             return Reply::Refused(refusal);
         }
         let payment = self.ledger.payments.get_mut(&id).expect("checked by live");
@@ -476,7 +592,9 @@ impl PaymentsState {
         self.deadlines.remove(&(payment.capture_before_ms, id));
         payment.amount_capturable = 0;
         payment.status = Status::Canceled;
-        self.changed(EventKind::Canceled, id, emit)
+        let reply = self.changed(EventKind::Canceled, id, emit);
+        self.archive_if_final(id, archive);
+        reply
     }
 
     fn refund(
@@ -484,9 +602,10 @@ impl PaymentsState {
         id: PaymentId,
         amount: Option<u64>,
         now_ms: u64,
+        archive: &mut dyn PaymentsArchive,
         emit: &mut dyn FnMut(Event),
     ) -> Reply {
-        if let Err(refusal) = self.live(id, now_ms, emit) {
+        if let Err(refusal) = self.live(id, now_ms, archive, emit) {
             return Reply::Refused(refusal);
         }
         let payment = self.ledger.payments.get_mut(&id).expect("checked by live");
@@ -507,8 +626,14 @@ impl PaymentsState {
         batch_id: u64,
         suspended: &[String],
         limit: u32,
+        archive: &mut dyn PaymentsArchive,
         emit: &mut dyn FnMut(Event),
     ) -> Reply {
+        if (self.ledger.batches.get(&batch_id)).is_some_and(|batch| batch.captures.is_empty()) {
+            return Reply::Refused(Refusal::Malformed(format!(
+                "settlement batch {batch_id} is closed"
+            )));
+        }
         let (mut assigned, mut failed) = (0, 0);
         let mut taken = Vec::new();
         for (seq, capture) in &self.spool {
@@ -543,6 +668,7 @@ impl PaymentsState {
                     status: CaptureStatus::Failed,
                     batch: batch_id,
                 });
+                self.archive_if_final(capture.payment, archive);
             } else {
                 assigned += 1;
                 self.ledger
@@ -571,20 +697,29 @@ impl PaymentsState {
         }
     }
 
-    fn settle_confirm(&mut self, batch_id: u64, limit: u32, emit: &mut dyn FnMut(Event)) -> Reply {
-        let Some(batch) = self.ledger.batches.get_mut(&batch_id) else {
+    fn settle_confirm(
+        &mut self,
+        batch_id: u64,
+        limit: u32,
+        archive: &mut dyn PaymentsArchive,
+        emit: &mut dyn FnMut(Event),
+    ) -> Reply {
+        let Some(batch) = self.ledger.batches.get(&batch_id) else {
             return Reply::Confirmed {
                 confirmed: 0,
                 more: false,
             };
         };
-        let end = (batch.confirmed + limit as usize).min(batch.captures.len());
-        for capture in &batch.captures[batch.confirmed..end] {
-            let payment = self
-                .ledger
-                .payments
-                .get_mut(&capture.payment)
-                .expect("batches name known payments");
+        let (start, end) = (
+            batch.confirmed,
+            (batch.confirmed + limit as usize).min(batch.captures.len()),
+        );
+        let confirming = batch.captures[start..end].to_vec();
+        for capture in confirming {
+            let payment =
+                self.ledger.payments.get_mut(&capture.payment).expect(
+                    "a batch's unconfirmed captures are pending: their payments are in memory",
+                );
             let entry = &mut payment.captures[usize::from(capture.index)];
             assert_eq!(
                 entry.status,
@@ -598,19 +733,38 @@ impl PaymentsState {
                 status: CaptureStatus::Succeeded,
                 batch: batch_id,
             });
+            self.archive_if_final(capture.payment, archive);
         }
-        let confirmed = (end - batch.confirmed) as u64;
+        let batch = self.ledger.batches.get_mut(&batch_id).expect("found above");
         batch.confirmed = end;
+        let more = end < batch.captures.len();
+        if !more && self.archives_final && !batch.captures.is_empty() {
+            let captures = std::mem::take(&mut batch.captures);
+            batch.confirmed = 0;
+            archive.put(&batch_key(batch_id), &encode(&captures));
+            if let Some(cursor) = &mut self.snapshot_batches {
+                cursor.keep_closed(batch_id, captures);
+            }
+        }
         Reply::Confirmed {
-            confirmed,
-            more: end < batch.captures.len(),
+            confirmed: (end - start) as u64,
+            more,
         }
     }
 
     /// Checks every invariant of the module comment; for tests.
     pub fn check(&self) {
+        assert!(
+            self.revived.is_none(),
+            "a revived payment outlived its command"
+        );
         let mut spooled = 0;
         for (_, payment) in self.ledger.payments.iter() {
+            assert!(
+                !self.archives_final || !is_final(payment),
+                "{}: final and still in memory",
+                payment.id
+            );
             let captured = payment.amount_captured();
             assert!(
                 captured + payment.amount_capturable <= payment.amount,
@@ -646,7 +800,8 @@ impl StateMachine for PaymentsState {
         let reply = match decode::<Command>(command.payload) {
             Ok(decoded) => {
                 let mut events = Vec::new();
-                let reply = self.apply_command(decoded, now_ms, &mut |event| events.push(event));
+                let reply =
+                    self.apply_command(decoded, now_ms, effects, &mut |event| events.push(event));
                 for event in &events {
                     effects.emit(&encode(event));
                 }
@@ -695,7 +850,7 @@ impl StateMachine for PaymentsState {
         self.history.snapshot_step(out, bytes_budget)
     }
 
-    fn read(&self, query: &[u8]) -> Vec<u8> {
+    fn read(&self, query: &[u8], archive: &spate_engine::ArchiveReader<'_>) -> Vec<u8> {
         match decode::<SettleQuery>(query) {
             Ok(SettleQuery::Batches) => encode(&Batches {
                 open: self.open_batches(),
@@ -706,15 +861,23 @@ impl StateMachine for PaymentsState {
                 offset,
                 limit,
             }) => {
-                let (details, total) = self.batch_details(
+                let details = self.batch_details(
                     batch,
                     usize::try_from(offset).unwrap_or(usize::MAX),
                     usize::try_from(limit).unwrap_or(usize::MAX),
+                    |key| archive.get(key),
                 );
-                encode(&Details {
-                    details,
-                    total: total as u64,
-                })
+                match details {
+                    Ok((details, total)) => encode(&Details {
+                        details,
+                        total: total as u64,
+                    }),
+                    Err(error) => {
+                        // An empty answer: the settler reports the batch unreadable.
+                        tracing::error!(%error, batch, "settlement details: the archive failed");
+                        Vec::new()
+                    }
+                }
             }
             Err(_) => Vec::new(),
         }

@@ -320,7 +320,7 @@ async fn get_entries(
         .await?;
     let (currency, total, entries) = found
         .ok_or_else(|| no_participant(&name))?
-        .map_err(archive_error)?;
+        .map_err(ApiError::archive)?;
     let entries: Vec<Value> = entries
         .iter()
         .map(|e| {
@@ -570,8 +570,8 @@ async fn get_transfer(State(ledger): Ctx, Path(id): Path<String>) -> Result<Resp
         engine.read_stored(partition, APP_ID, &transfer_archive_key(id))
     })
     .await
-    .map_err(archive_error)?
-    .map_err(archive_error)?;
+    .map_err(ApiError::archive)?
+    .map_err(ApiError::archive)?;
     let found = match stored {
         Some(bytes) => Some(decode_archived::<Transfer>(&bytes)),
         None => ledger
@@ -586,7 +586,7 @@ async fn get_transfer(State(ledger): Ctx, Path(id): Path<String>) -> Result<Resp
                 },
             )
             .await?
-            .map_err(archive_error)?,
+            .map_err(ApiError::archive)?,
     };
     let transfer = found.ok_or_else(|| {
         refusal_error(Refusal {
@@ -606,14 +606,6 @@ async fn get_transfer(State(ledger): Ctx, Path(id): Path<String>) -> Result<Resp
 }
 
 /// A failure to read the archive's store (a damaged disk): the record is there but cannot be served.
-fn archive_error(error: impl std::fmt::Display) -> ApiError {
-    ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "archive",
-        error.to_string(),
-    )
-}
-
 /// `GET /transfers/{id}`: the transfer's state and what was prepared.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -1,8 +1,9 @@
 //! The payments partition's snapshot, written in steps while apply goes on: the book (counters and each
 //! settlement batch's size) when the snapshot begins, then the batches' captures, then the payments a
 //! segment at a time (`spate_engine::SegmentedMap`), then the card histories (`HistoryStore`, in steps
-//! of its own). Captures are only ever appended to a batch, so the first `captures` of a batch's head
-//! are the ones it had when the snapshot began, and they are written in steps without a copy.
+//! of its own). Captures are only appended to an open batch, so the first `captures` of a batch's head
+//! are the ones it had when the snapshot began, and they are written in steps without a copy; a batch
+//! that closes meanwhile hands its captures to the snapshot on their way to the archive.
 //!
 //! Format: [`STEPPED_FORMAT`], the book (postcard behind its u32 length), each batch's captures
 //! ([`CAPTURE_REF_BYTES`] each, in the book's order), the payments' map, then the histories. Snapshots
@@ -74,6 +75,18 @@ pub(crate) struct BatchesCursor {
     /// The head being written, and how many of its captures are.
     batch: usize,
     written: usize,
+    /// The captures of batches that closed (and left the ledger for the archive) before the snapshot
+    /// wrote them.
+    closed: HashMap<u64, Vec<CaptureRef>>,
+}
+
+impl BatchesCursor {
+    /// Keeps the captures of `batch`, which just closed, if the snapshot has yet to write them.
+    pub fn keep_closed(&mut self, batch: u64, captures: Vec<CaptureRef>) {
+        if self.heads[self.batch..].iter().any(|head| head.id == batch) {
+            self.closed.insert(batch, captures);
+        }
+    }
 }
 
 fn write_captures(captures: &[CaptureRef], out: &mut dyn io::Write) -> io::Result<()> {
@@ -149,6 +162,7 @@ impl Ledger {
             heads,
             batch: 0,
             written: 0,
+            closed: HashMap::new(),
         };
         (start, cursor)
     }
@@ -163,7 +177,11 @@ impl Ledger {
     ) -> io::Result<bool> {
         let mut budget = bytes_budget.div_ceil(CAPTURE_REF_BYTES);
         while let Some(head) = cursor.heads.get(cursor.batch) {
-            let captures = &self.batches[&head.id].captures[..head.captures as usize];
+            let captures = match cursor.closed.get(&head.id) {
+                Some(closed) => closed,
+                None => &self.batches[&head.id].captures,
+            };
+            let captures = &captures[..head.captures as usize];
             let end = (cursor.written + budget).min(captures.len());
             write_captures(&captures[cursor.written..end], out)?;
             budget -= end - cursor.written;

@@ -9,8 +9,52 @@ const HOUR_MS: u64 = 3_600_000;
 /// 2026-11-22T00:00:00Z
 const START_MS: u64 = 1_795_305_600_000;
 
+/// A state that keeps final payments in memory: the rules, apart from the archive.
 fn state() -> PaymentsState {
+    PaymentsState {
+        archives_final: false,
+        ..archiving_state()
+    }
+}
+
+/// A state as the engine runs it, moving final payments to the archive.
+fn archiving_state() -> PaymentsState {
     PaymentsState::new(Arc::new(CaseStudyRules), 32)
+}
+
+/// A partition's archive in memory, with the engine's rules: a key is archived once, and a command
+/// finds only what earlier commands archived. The engine's archive is tested in the engine.
+#[derive(Debug, Default)]
+struct MemoryArchive {
+    stored: HashMap<Vec<u8>, Vec<u8>>,
+    this_command: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl PaymentsArchive for MemoryArchive {
+    fn put(&mut self, key: &[u8], value: &[u8]) {
+        assert!(
+            !self.stored.contains_key(key) && self.this_command.iter().all(|(k, _)| k != key),
+            "{key:?} archived twice"
+        );
+        self.this_command.push((key.to_vec(), value.to_vec()));
+    }
+
+    fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.stored.get(key).cloned()
+    }
+}
+
+impl MemoryArchive {
+    fn get_stored(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ()> {
+        Ok(self.stored.get(key).cloned())
+    }
+
+    fn run(&mut self, state: &mut PaymentsState, command: Command, now_ms: u64) -> Reply {
+        let reply = state.apply_command(command, now_ms, self, &mut |_| {});
+        self.stored.extend(self.this_command.drain(..));
+        state.check();
+        reply
+    }
 }
 
 fn id(n: u8) -> PaymentId {
@@ -81,9 +125,14 @@ pub(super) fn authorized_payment() -> Payment {
 }
 
 fn run(state: &mut PaymentsState, command: Command, now_ms: u64) -> Reply {
-    let reply = state.apply_command(command, now_ms, &mut |_| {});
+    let reply = state.apply_command(command, now_ms, &mut MemoryArchive::default(), &mut |_| {});
     state.check();
     reply
+}
+
+/// The archive of a state that keeps everything in memory.
+fn no_archive(_: &[u8]) -> Result<Option<Vec<u8>>, ()> {
+    Ok(None)
 }
 
 fn payment(reply: Reply) -> Payment {
@@ -132,7 +181,9 @@ fn automatic_capture_spools_the_whole_amount_with_the_authorization() {
     let mut s = state();
     let command = authorize_with(1, 1000, |a| a.capture_now = true);
     let mut events = Vec::new();
-    let reply = s.apply_command(command, START_MS, &mut |e| events.push(e));
+    let reply = s.apply_command(command, START_MS, &mut MemoryArchive::default(), &mut |e| {
+        events.push(e)
+    });
     s.check();
     let p = payment(reply);
     assert_eq!(
@@ -175,7 +226,7 @@ fn refunds_need_settled_captures_and_never_exceed_them() {
         run(&mut s, Command::Cancel { payment: id(1) }, batch),
         Reply::Refused(Refusal::SettlementInProgress)
     );
-    let (details, total) = s.batch_details(batch, 0, 10);
+    let (details, total) = s.batch_details(batch, 0, 10, no_archive).unwrap();
     assert_eq!((details.len(), total, details[0].amount), (1, 1, 600));
     run(&mut s, Command::SettleConfirm { batch, limit: 10 }, batch);
     assert!(s.open_batches().is_empty());
@@ -243,7 +294,12 @@ fn a_capture_after_the_deadline_expires_the_payment_even_without_a_tick() {
     run(&mut s, authorize(1, 1000), START_MS);
     let late = START_MS + 24 * HOUR_MS;
     let mut events = Vec::new();
-    let reply = s.apply_command(capture(1, None, true), late, &mut |e| events.push(e));
+    let reply = s.apply_command(
+        capture(1, None, true),
+        late,
+        &mut MemoryArchive::default(),
+        &mut |e| events.push(e),
+    );
     assert!(matches!(
         reply,
         Reply::Refused(Refusal::WrongStatus {
@@ -291,8 +347,8 @@ fn suspended_merchants_fail_settlement_and_batches_page() {
             more: false
         }
     );
-    assert_eq!(s.batch_details(batch, 1, 2).0.len(), 2);
-    assert_eq!(s.batch_details(batch, 0, 100).1, 4);
+    assert_eq!(s.batch_details(batch, 1, 2, no_archive).unwrap().0.len(), 2);
+    assert_eq!(s.batch_details(batch, 0, 100, no_archive).unwrap().1, 4);
     assert_eq!(
         run(&mut s, Command::SettleConfirm { batch, limit: 3 }, batch),
         Reply::Confirmed {
@@ -397,6 +453,120 @@ fn snapshots_restore_the_same_state_and_indexes() {
     assert_eq!(restored.spool, s.spool);
 }
 
+#[test]
+fn final_payments_leave_memory_and_are_still_found_refunded_and_settled() {
+    let (mut s, mut archive) = (archiving_state(), MemoryArchive::default());
+    let t = START_MS;
+    let declined = authorize_with(2, 500, |a| a.card.exp_year = 2020);
+    let p = payment(archive.run(&mut s, declined, t));
+    assert_eq!(p.status, Status::Declined);
+    assert!(s.payment(&id(2)).is_none(), "declined is final");
+    assert_eq!(
+        archive.run(&mut s, authorize(2, 500), t + 1),
+        Reply::Refused(Refusal::Exists)
+    );
+
+    archive.run(&mut s, authorize(1, 1000), t);
+    archive.run(&mut s, capture(1, Some(400), false), t);
+    archive.run(&mut s, capture(1, Some(300), true), t);
+    let batch = t + 10;
+    let assign = Command::SettleAssign {
+        batch,
+        suspended: Vec::new(),
+        limit: 10,
+    };
+    archive.run(&mut s, assign.clone(), batch);
+    let details = |s: &PaymentsState, archive: &MemoryArchive| {
+        s.batch_details(batch, 0, 10, |key| archive.get_stored(key))
+            .unwrap()
+    };
+    let before_close = details(&s, &archive);
+    assert_eq!(before_close.1, 2);
+    let confirm = Command::SettleConfirm { batch, limit: 1 };
+    assert_eq!(
+        archive.run(&mut s, confirm.clone(), batch),
+        Reply::Confirmed {
+            confirmed: 1,
+            more: true
+        }
+    );
+    assert!(s.payment(&id(1)).is_some(), "a capture still pending");
+    archive.run(&mut s, confirm, batch);
+    assert!(s.payment(&id(1)).is_none(), "settled is final");
+    assert!(
+        s.ledger.batches[&batch].captures.is_empty(),
+        "closed: archived"
+    );
+    assert_eq!(details(&s, &archive), before_close);
+    assert!(matches!(
+        archive.run(&mut s, assign, batch),
+        Reply::Refused(Refusal::Malformed(_))
+    ));
+
+    assert!(matches!(
+        archive.run(&mut s, capture(1, Some(1), false), t + 20),
+        Reply::Refused(Refusal::WrongStatus {
+            status: Status::Captured,
+            ..
+        })
+    ));
+    let refund = |amount| Command::Refund {
+        payment: id(1),
+        amount: Some(amount),
+    };
+    for (revision, refunded) in [(1, 100), (2, 150), (3, 175)] {
+        let amount = refunded - [0, 100, 150][revision as usize - 1];
+        let p = payment(archive.run(&mut s, refund(amount), t + 20));
+        assert_eq!(p.amount_refunded(), refunded);
+        assert!(s.payment(&id(1)).is_none(), "a refund leaves it final");
+        assert!(
+            archive
+                .stored
+                .contains_key(&payment_key(&id(1), revision)[..])
+        );
+    }
+    assert_eq!(
+        archive.run(&mut s, refund(526), t + 21),
+        Reply::Refused(Refusal::ExceedsRefundable { refundable: 525 })
+    );
+    assert!(!archive.stored.contains_key(&payment_key(&id(1), 4)[..]));
+    let found = s.find_payment(&id(1), |key| archive.get_stored(key));
+    assert_eq!(found.unwrap().map(|p| p.amount_refunded()), Some(175));
+}
+
+/// A batch that closes (its captures leaving for the archive) while a snapshot's steps write it is
+/// written as it was when the snapshot began.
+#[test]
+fn a_batch_that_closes_between_snapshot_steps_is_written_as_it_began() {
+    let (mut s, mut archive) = (archiving_state(), MemoryArchive::default());
+    for n in 0..50 {
+        archive.run(&mut s, authorize(n, 100), START_MS);
+        archive.run(&mut s, capture(n, None, true), START_MS);
+    }
+    let batch = START_MS + 1;
+    let assign = Command::SettleAssign {
+        batch,
+        suspended: Vec::new(),
+        limit: 100,
+    };
+    archive.run(&mut s, assign, batch);
+    let mut at_start = Vec::new();
+    s.write_snapshot(&mut at_start).unwrap();
+
+    assert!(s.begin_snapshot());
+    let mut bytes = Vec::new();
+    assert!(!s.write_snapshot_step(&mut bytes, 100).unwrap());
+    let confirm = Command::SettleConfirm { batch, limit: 100 };
+    archive.run(&mut s, confirm, batch);
+    assert!(s.ledger.batches[&batch].captures.is_empty(), "closed");
+    while !s.write_snapshot_step(&mut bytes, 100).unwrap() {}
+
+    let restore = |bytes: &[u8]| PaymentsState::restore(&mut &bytes[..], Arc::new(CaseStudyRules));
+    let restored = restore(&bytes).unwrap();
+    assert_eq!(restored.ledger, restore(&at_start).unwrap().ledger);
+    assert_eq!(restored.ledger.batches[&batch].captures.len(), 50);
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Authorize(u8, u64),
@@ -427,10 +597,13 @@ fn op() -> impl Strategy<Value = Op> {
 
 proptest! {
     /// Random interleavings keep every invariant (`check` runs after each step); nothing is captured
-    /// after cancel, final capture or expiry; and a snapshot restores the same state.
+    /// after cancel, final capture or expiry; a state that archives final payments answers every
+    /// command and read as one that keeps them all; and a snapshot in steps restores the state as it
+    /// was when the snapshot began.
     #[test]
     fn invariants_hold_under_random_operations(ops in proptest::collection::vec(op(), 1..120)) {
-        let mut s = state();
+        let (mut s, mut archive) = (archiving_state(), MemoryArchive::default());
+        let mut kept = state();
         let mut now = START_MS;
         let mut batch = None;
         let mut closed = HashMap::new();
@@ -483,7 +656,8 @@ proptest! {
                 Command::Capture { payment, .. } => Some(*payment),
                 _ => None,
             };
-            let reply = run(&mut s, command, now);
+            let reply = archive.run(&mut s, command.clone(), now);
+            prop_assert_eq!(&reply, &run(&mut kept, command, now));
             if let Reply::Confirmed { more: false, .. } = reply {
                 batch = None;
             }
@@ -493,10 +667,22 @@ proptest! {
                     prop_assert!(matches!(reply, Reply::Refused(_)), "captured after close: {reply:?}");
                 }
             }
-            for (id, payment) in s.ledger.payments.iter() {
+            for (id, payment) in kept.ledger.payments.iter() {
                 let is_closed = payment.status != Status::Authorized;
                 prop_assert!(!closed.get(id).copied().unwrap_or(false) || is_closed, "{id} reopened");
                 closed.insert(*id, is_closed);
+                let found = s.find_payment(id, |key| archive.get_stored(key)).unwrap();
+                prop_assert_eq!(found.as_ref(), Some(&**payment));
+            }
+            for (id, _) in s.ledger.payments.iter() {
+                prop_assert!(kept.ledger.payments.contains_key(id), "{id} in memory only where archived");
+            }
+            prop_assert_eq!((s.open_batches(), s.last_batch()), (kept.open_batches(), kept.last_batch()));
+            for &batch in kept.ledger.batches.keys() {
+                prop_assert_eq!(
+                    s.batch_details(batch, 0, usize::MAX, |key| archive.get_stored(key)),
+                    kept.batch_details(batch, 0, usize::MAX, no_archive)
+                );
             }
         }
         if let Some((mut bytes, at_start)) = snapshot {
