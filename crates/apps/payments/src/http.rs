@@ -622,16 +622,29 @@ async fn list(
         starting_after,
         limit: page_limit(query.limit)?,
     };
-    let model = payments
-        .model
-        .read()
-        .expect("the payments model lock is never poisoned");
-    let page = model.list(&filter);
-    let data: Vec<Value> = page.payments.iter().map(|p| payment_json(p)).collect();
+    let model = payments.model.clone();
+    let page = tokio::task::spawn_blocking(move || {
+        let model = model
+            .read()
+            .expect("the payments model lock is never poisoned");
+        model.list(&filter)
+    })
+    .await
+    .map_err(read_model_error)?
+    .map_err(read_model_error)?;
+    let data: Vec<Value> = page.payments.iter().map(payment_json).collect();
     Ok(json_response(
         StatusCode::OK,
         &json!({"object": "list", "data": data, "has_more": page.has_more}),
     ))
+}
+
+fn read_model_error(error: impl std::fmt::Display) -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "read_model",
+        error.to_string(),
+    )
 }
 
 /// `lsn.index` per partition joined by `_`; `-` for a partition not read yet.
@@ -676,43 +689,45 @@ async fn events(
             ))
         })?,
     };
-    let model = payments
-        .model
-        .read()
-        .expect("the payments model lock is never poisoned");
-    let page = model.feed(&cursor, limit).map_err(|CursorExpired { partition }| {
-        ApiError::new(
-            StatusCode::GONE,
-            "cursor_expired",
-            format!(
-                "events of partition {partition} after this cursor are no longer kept; start again without `after`"
-            ),
-        )
-    })?;
-    let data: Vec<Value> = page
-        .events
-        .iter()
-        .map(|(partition, e)| {
-            let payment = model.payment(&e.payment);
-            json!({
+    let model = payments.model.clone();
+    tokio::task::spawn_blocking(move || {
+        let model = model
+            .read()
+            .expect("the payments model lock is never poisoned");
+        let page = model.feed(&cursor, limit).map_err(|CursorExpired { partition }| {
+            ApiError::new(
+                StatusCode::GONE,
+                "cursor_expired",
+                format!(
+                    "events of partition {partition} after this cursor are no longer kept; start again without `after`"
+                ),
+            )
+        })?;
+        let mut data = Vec::with_capacity(page.events.len());
+        for (partition, e) in &page.events {
+            let payment = model.payment(&e.payment).map_err(read_model_error)?;
+            let capture = e.capture.zip(payment.as_ref());
+            data.push(json!({
                 "id": format!("evt_{partition}_{}_{}", e.position.0, e.position.1),
                 "type": e.kind.name(),
                 "created": seconds(e.created_ms),
                 "payment": e.payment.to_string(),
-                "capture": e.capture.zip(payment).map(|(c, p)| p.capture_id(usize::from(c))),
-                "data": {"object": payment.map(payment_json)},
-            })
-        })
-        .collect();
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({
-            "object": "list",
-            "data": data,
-            "has_more": page.has_more,
-            "next_cursor": format_cursor(&page.cursor),
-        }),
-    ))
+                "capture": capture.map(|(c, p)| p.capture_id(usize::from(c))),
+                "data": {"object": payment.as_ref().map(payment_json)},
+            }));
+        }
+        Ok(json_response(
+            StatusCode::OK,
+            &json!({
+                "object": "list",
+                "data": data,
+                "has_more": page.has_more,
+                "next_cursor": format_cursor(&page.cursor),
+            }),
+        ))
+    })
+    .await
+    .map_err(read_model_error)?
 }
 
 pub fn reference_json(reference: &ReferenceData) -> Value {

@@ -21,7 +21,7 @@ pub mod state;
 pub use http::{AMOUNT_MAX, PAGE_LIMIT_MAX};
 
 use keys::{Kek, Keyring};
-use model::{PaymentsModel, PaymentsProjection};
+use model::{ModelStore, PaymentsModel, PaymentsProjection};
 use reference::{Reference, ReferenceSources};
 use settle::Settler;
 use spate_engine::AppSpec;
@@ -75,8 +75,11 @@ pub fn module(config: PaymentsConfig) -> Result<AppModule, String> {
         "payments keyring open"
     );
     let reference = Arc::new(Reference::load(config.reference)?);
+    let store = ModelStore::open(&config.data_dir.join("payments").join("model"))
+        .map_err(|e| e.to_string())?;
     let model = Arc::new(RwLock::new(PaymentsModel::new(
         config.feed_events_per_partition,
+        store,
     )));
     let spec = AppSpec {
         id: APP_ID,

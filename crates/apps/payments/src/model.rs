@@ -1,6 +1,7 @@
 //! The read model over every partition, built by a projection from the payments' events: every payment
-//! (for listing with filters) and the events feed. Single payments are read from their partition, so a
-//! client reads its own writes; lists and the feed may lag by the projection's lag (`spate_projection_lag`).
+//! (for listing with filters), on disk in `store.rs`, and the events feed, in memory and bounded. Single
+//! payments are read from their partition, so a client reads its own writes; lists and the feed may lag
+//! by the projection's lag (`spate_projection_lag`).
 //!
 //! The feed's cursor is a position per partition (journal LSN and the event's index in its record), so
 //! it is exact across restarts: events of different partitions have no global order, but each
@@ -10,13 +11,19 @@ use crate::command::{CaptureStatus, Event, EventKind, Payment, PaymentId, Status
 use serde::{Deserialize, Serialize};
 use spate_engine::wire::{ReadLe, WriteLe};
 use spate_engine::{Lsn, PartitionId, Projection};
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::{Arc, RwLock};
 
+mod store;
+pub use store::{ModelStore, StoreError};
+
 /// Events kept per partition for the feed; older ones are dropped (a cursor before them gets 410).
 pub const FEED_EVENTS_PER_PARTITION_DEFAULT: usize = 1_000_000;
-const CHECKPOINT_BYTES_MAX: usize = u32::MAX as usize;
+/// Marks a checkpoint of the feed alone, the payments being in the store. Checkpoints from before the
+/// store begin with the length of the whole model, below it.
+const FEED_CHECKPOINT_FORMAT: u32 = u32::MAX;
+const CHECKPOINT_BYTES_MAX: usize = u32::MAX as usize - 1;
 
 /// A position in one partition's events.
 pub type FeedPosition = (Lsn, u32);
@@ -48,31 +55,33 @@ pub struct FeedEntry {
     pub capture: Option<u16>,
 }
 
+/// The part of the model in memory, which its checkpoint holds.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Saved {
-    /// Boxed, as in the partition state: growing the table moves pointers, not payments.
-    payments: HashMap<PaymentId, Box<Payment>>,
     feeds: Vec<VecDeque<FeedEntry>>,
     /// Per partition, the newest position dropped from the feed.
+    dropped: Vec<Option<FeedPosition>>,
+    /// Per partition, the position of the newest event applied.
+    last: Vec<Option<FeedPosition>>,
+}
+
+/// A checkpoint from before the store: the payments were in memory.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct SavedWithPayments {
+    payments: HashMap<PaymentId, Box<Payment>>,
+    feeds: Vec<VecDeque<FeedEntry>>,
     dropped: Vec<Option<FeedPosition>>,
     last: Vec<Option<FeedPosition>>,
 }
 
-#[derive(Debug, Default)]
 pub struct PaymentsModel {
     saved: Saved,
-    /// Newest first when iterated in reverse.
-    by_created: BTreeSet<(u64, PaymentId)>,
-    by_merchant: HashMap<String, BTreeSet<(u64, PaymentId)>>,
-    statuses: HashMap<Status, u64>,
+    store: ModelStore,
     feed_per_partition_max: usize,
 }
 
-/// A page of the payments list.
-pub struct Page<'a> {
-    pub payments: Vec<&'a Payment>,
-    pub has_more: bool,
-}
+pub use store::Listed as Page;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ListFilter {
@@ -98,44 +107,45 @@ pub struct CursorExpired {
 }
 
 impl PaymentsModel {
-    pub fn new(feed_per_partition_max: usize) -> Self {
+    pub fn new(feed_per_partition_max: usize, store: ModelStore) -> Self {
         assert!(feed_per_partition_max > 0);
         Self {
+            saved: Saved::default(),
+            store,
             feed_per_partition_max,
-            ..Self::default()
         }
     }
 
-    pub fn payment(&self, id: &PaymentId) -> Option<&Payment> {
-        self.saved.payments.get(id).map(Box::as_ref)
-    }
-
-    pub fn len(&self) -> usize {
-        self.saved.payments.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.saved.payments.is_empty()
+    pub fn payment(&self, id: &PaymentId) -> Result<Option<Payment>, StoreError> {
+        self.store.payment(id)
     }
 
     /// Payments by status.
     pub fn count(&self, status: Status) -> u64 {
-        self.statuses.get(&status).copied().unwrap_or(0)
+        self.store.count(status)
     }
 
-    /// Adds a new payment to the indexes (the fields they need, so no payment is copied for them).
-    fn index(&mut self, key: (u64, PaymentId), merchant: &str, status: Status) {
-        *self.statuses.entry(status).or_default() += 1;
-        self.by_created.insert(key);
-        match self.by_merchant.get_mut(merchant) {
-            Some(index) => {
-                index.insert(key);
-            }
-            None => {
-                self.by_merchant
-                    .insert(merchant.to_string(), BTreeSet::from([key]));
-            }
+    /// Stores what an event at `position` did to a payment, unless the store holds it already (it may
+    /// be ahead of the checkpoint the model restarted from).
+    fn store(&mut self, partition: PartitionId, position: FeedPosition, event: &Event) {
+        if self.store.applied(partition) >= Some(position) {
+            return;
         }
+        let stored = match event {
+            Event::Changed { payment, .. } => self.store.put(partition, position, payment),
+            Event::CaptureSettled {
+                payment,
+                capture,
+                status,
+                ..
+            } => self.store.payment(payment).and_then(|found| {
+                let mut payment = found.expect("a capture settles on a payment the model holds");
+                payment.captures[usize::from(*capture)].status = *status;
+                self.store.put(partition, position, &payment)
+            }),
+        };
+        // The model cannot go on without its store: each later event may depend on this one.
+        stored.unwrap_or_else(|error| panic!("{error}"));
     }
 
     fn apply(&mut self, partition: PartitionId, lsn: Lsn, timestamp_ms: u64, event: Event) {
@@ -152,29 +162,15 @@ impl PaymentsModel {
         };
         let position = (lsn, index);
         saved.last[p] = Some(position);
+        self.store(partition, position, &event);
         let (kind, payment, capture) = match event {
-            Event::Changed { kind, payment } => {
-                let (id, status) = (payment.id, payment.status);
-                let key = (payment.created_ms, id);
-                let merchant = payment.merchant.clone();
-                match saved.payments.insert(id, payment) {
-                    Some(old) => {
-                        *self.statuses.entry(old.status).or_default() -= 1;
-                        *self.statuses.entry(status).or_default() += 1;
-                    }
-                    None => self.index(key, &merchant, status),
-                }
-                (FeedKind::Payment(kind), id, None)
-            }
+            Event::Changed { kind, payment } => (FeedKind::Payment(kind), payment.id, None),
             Event::CaptureSettled {
                 payment,
                 capture,
                 status,
                 ..
             } => {
-                if let Some(p) = saved.payments.get_mut(&payment) {
-                    p.captures[usize::from(capture)].status = status;
-                }
                 let kind = if status == CaptureStatus::Succeeded {
                     FeedKind::CaptureSucceeded
                 } else {
@@ -197,27 +193,20 @@ impl PaymentsModel {
         }
     }
 
-    /// Newest first, filtered; pages continue with `starting_after`.
-    pub fn list(&self, filter: &ListFilter) -> Page<'_> {
-        let empty = BTreeSet::new();
-        let index = match &filter.merchant {
-            Some(merchant) => self.by_merchant.get(merchant).unwrap_or(&empty),
-            None => &self.by_created,
+    /// Newest first, filtered; pages continue with `starting_after` (from the top if the model does
+    /// not know it).
+    pub fn list(&self, filter: &ListFilter) -> Result<Page, StoreError> {
+        let before = match filter.starting_after {
+            Some(id) => (self.store.payment(&id)?).map(|p| (p.created_ms, p.id)),
+            None => None,
         };
-        let upper = filter
-            .starting_after
-            .and_then(|id| self.saved.payments.get(&id))
-            .map(|p| (p.created_ms, p.id));
-        let from = filter.created_from_ms.unwrap_or(0);
-        let mut matching = index
-            .range(..upper.unwrap_or((u64::MAX, PaymentId([0xff; 20]))))
-            .rev()
-            .take_while(|(created, _)| *created >= from)
-            .map(|(_, id)| self.saved.payments[id].as_ref())
-            .filter(|p| filter.status.is_none_or(|s| p.status == s));
-        let payments: Vec<&Payment> = matching.by_ref().take(filter.limit).collect();
-        let has_more = matching.next().is_some();
-        Page { payments, has_more }
+        self.store.list(
+            filter.merchant.as_deref(),
+            filter.status,
+            filter.created_from_ms.unwrap_or(0),
+            before,
+            filter.limit,
+        )
     }
 
     /// Up to `limit` events after `cursor` (a position per partition; missing ones start at the
@@ -275,6 +264,10 @@ pub struct PaymentsProjection {
     pub model: Arc<RwLock<PaymentsModel>>,
 }
 
+fn invalid(error: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, error.to_string())
+}
+
 impl PaymentsProjection {
     fn write_model(&self) -> std::sync::RwLockWriteGuard<'_, PaymentsModel> {
         self.model
@@ -290,30 +283,50 @@ impl Projection for PaymentsProjection {
             .apply(partition, lsn, timestamp_ms, event);
     }
 
+    /// The store first, so that it holds at least what the checkpoint's positions cover.
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
         let model = self
             .model
             .read()
             .expect("the payments model lock is never poisoned");
+        model.store.persist().map_err(io::Error::other)?;
+        out.write_u32_le(FEED_CHECKPOINT_FORMAT)?;
         out.write_bytes_le(&encode(&model.saved))
     }
 
     fn restore(&mut self, input: &mut dyn io::Read) -> io::Result<()> {
-        let bytes = input.read_bytes_le(CHECKPOINT_BYTES_MAX)?;
-        let saved: Saved =
-            decode(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let mut model = self.write_model();
-        let mut restored = PaymentsModel::new(model.feed_per_partition_max);
-        let keys: Vec<_> = saved
-            .payments
-            .values()
-            .map(|p| ((p.created_ms, p.id), p.merchant.clone(), p.status))
-            .collect();
-        restored.saved = saved;
-        for (key, merchant, status) in keys {
-            restored.index(key, &merchant, status);
+        let format_or_len = input.read_u32_le()?;
+        if format_or_len == FEED_CHECKPOINT_FORMAT {
+            model.saved = decode(&input.read_bytes_le(CHECKPOINT_BYTES_MAX)?).map_err(invalid)?;
+        } else {
+            let mut bytes = vec![0; format_or_len as usize];
+            input.read_exact(&mut bytes)?;
+            let whole: SavedWithPayments = decode(&bytes).map_err(invalid)?;
+            model.import(whole).map_err(invalid)?;
         }
-        *model = restored;
+        for (partition, last) in model.saved.last.iter().enumerate() {
+            let stored = model.store.applied(partition as PartitionId);
+            if stored < *last {
+                return Err(invalid(format!(
+                    "the payments read model's store holds events of partition {partition} through \
+                     {stored:?}, its checkpoint through {last:?}: the store was damaged or replaced"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl PaymentsModel {
+    /// Moves the payments of a checkpoint from before the store into it.
+    fn import(&mut self, whole: SavedWithPayments) -> Result<(), StoreError> {
+        (self.store).import(whole.payments.into_values(), &whole.last)?;
+        self.saved = Saved {
+            feeds: whole.feeds,
+            dropped: whole.dropped,
+            last: whole.last,
+        };
         Ok(())
     }
 }
@@ -358,6 +371,18 @@ mod tests {
         }
     }
 
+    fn model(feed_per_partition_max: usize) -> (PaymentsModel, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ModelStore::open(dir.path()).unwrap();
+        (PaymentsModel::new(feed_per_partition_max, store), dir)
+    }
+
+    impl PaymentsModel {
+        fn list_ok(&self, filter: &ListFilter) -> Page {
+            self.list(filter).unwrap()
+        }
+    }
+
     fn changed(p: Payment) -> Event {
         Event::Changed {
             kind: EventKind::Authorized,
@@ -367,7 +392,7 @@ mod tests {
 
     #[test]
     fn lists_newest_first_with_filters_and_pages() {
-        let mut model = PaymentsModel::new(10);
+        let (mut model, _dir) = model(10);
         for n in 0..6u8 {
             let merchant = if n % 2 == 0 { "a" } else { "b" };
             let status = if n == 4 {
@@ -382,7 +407,7 @@ mod tests {
                 changed(payment(n, 1000 + u64::from(n), merchant, status)),
             );
         }
-        let ids = |page: Page<'_>| {
+        let ids = |page: Page| {
             page.payments
                 .iter()
                 .map(|p| p.created_ms)
@@ -393,7 +418,7 @@ mod tests {
             ..ListFilter::default()
         };
         assert_eq!(
-            ids(model.list(&all)),
+            ids(model.list_ok(&all)),
             vec![1005, 1004, 1003, 1002, 1001, 1000]
         );
         let a = ListFilter {
@@ -401,33 +426,36 @@ mod tests {
             limit: 2,
             ..ListFilter::default()
         };
-        let first = model.list(&a);
+        let first = model.list_ok(&a);
         assert!(first.has_more);
         let last = first.payments[1].id;
-        assert_eq!(ids(model.list(&a)), vec![1004, 1002]);
+        assert_eq!(ids(model.list_ok(&a)), vec![1004, 1002]);
         let rest = ListFilter {
             starting_after: Some(last),
             ..a.clone()
         };
-        let page = model.list(&rest);
-        assert_eq!((ids(page), model.list(&rest).has_more), (vec![1000], false));
+        let page = model.list_ok(&rest);
+        assert_eq!(
+            (ids(page), model.list_ok(&rest).has_more),
+            (vec![1000], false)
+        );
         let declined = ListFilter {
             status: Some(Status::Declined),
             limit: 10,
             ..ListFilter::default()
         };
-        assert_eq!(ids(model.list(&declined)), vec![1004]);
+        assert_eq!(ids(model.list_ok(&declined)), vec![1004]);
         let recent = ListFilter {
             created_from_ms: Some(1003),
             limit: 10,
             ..ListFilter::default()
         };
-        assert_eq!(ids(model.list(&recent)), vec![1005, 1004, 1003]);
+        assert_eq!(ids(model.list_ok(&recent)), vec![1005, 1004, 1003]);
     }
 
     #[test]
     fn the_feed_reads_every_partition_exactly_once_across_pages_and_expires_old_cursors() {
-        let mut model = PaymentsModel::new(4);
+        let (mut model, _dir) = model(4);
         // Partition 0: two events in record 7; partition 1: one event in record 3, then one in 4.
         model.apply(0, 7, 10, changed(payment(1, 10, "a", Status::Authorized)));
         model.apply(0, 7, 10, changed(payment(2, 10, "a", Status::Authorized)));
@@ -462,5 +490,146 @@ mod tests {
             model.feed(&[], 10).err(),
             Some(CursorExpired { partition: 0 })
         );
+    }
+
+    fn projection(model: PaymentsModel) -> PaymentsProjection {
+        PaymentsProjection {
+            model: Arc::new(RwLock::new(model)),
+        }
+    }
+
+    fn checkpoint(projection: &PaymentsProjection) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        projection.write_snapshot(&mut bytes).unwrap();
+        bytes
+    }
+
+    fn listed(projection: &PaymentsProjection, status: Option<Status>) -> Vec<(u64, Status)> {
+        let model = projection.model.read().unwrap();
+        let filter = ListFilter {
+            status,
+            limit: 100,
+            ..ListFilter::default()
+        };
+        let page = model.list_ok(&filter);
+        page.payments
+            .iter()
+            .map(|p| (p.created_ms, p.status))
+            .collect()
+    }
+
+    /// After a crash the store may hold events the checkpoint does not: replayed, they count once.
+    #[test]
+    fn a_restart_replays_onto_a_store_ahead_of_the_checkpoint_without_counting_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || PaymentsModel::new(10, ModelStore::open(dir.path()).unwrap());
+        let events: Vec<Event> = (0..6u8)
+            .map(|n| {
+                changed(payment(
+                    n % 3,
+                    100 + u64::from(n % 3),
+                    "a",
+                    Status::ALL[usize::from(n / 3)],
+                ))
+            })
+            .collect();
+        let (first, second) = events.split_at(2);
+        let mut before_crash = projection(open());
+        for (lsn, event) in first.iter().enumerate() {
+            before_crash.apply(0, lsn as Lsn, 0, &encode(event));
+        }
+        let at_checkpoint = checkpoint(&before_crash);
+        for (lsn, event) in second.iter().enumerate() {
+            before_crash.apply(0, (first.len() + lsn) as Lsn, 0, &encode(event));
+        }
+        let expected = listed(&before_crash, None);
+        drop(before_crash);
+
+        let mut restarted = projection(open());
+        restarted.restore(&mut &at_checkpoint[..]).unwrap();
+        for (lsn, event) in second.iter().enumerate() {
+            restarted.apply(0, (first.len() + lsn) as Lsn, 0, &encode(event));
+        }
+        assert_eq!(listed(&restarted, None), expected);
+        assert_eq!(
+            listed(&restarted, Some(Status::Declined)),
+            vec![
+                (102, Status::Declined),
+                (101, Status::Declined),
+                (100, Status::Declined)
+            ]
+        );
+        assert!(listed(&restarted, Some(Status::Authorized)).is_empty());
+        let model = restarted.model.read().unwrap();
+        assert_eq!(
+            (
+                model.count(Status::Declined),
+                model.count(Status::Authorized)
+            ),
+            (3, 0)
+        );
+        assert_eq!(
+            model.feed(&[], 100).unwrap().events.len(),
+            6,
+            "the feed has every event once"
+        );
+    }
+
+    /// A store that holds less than the checkpoint covers (lost, or another one) is refused.
+    #[test]
+    fn a_store_behind_its_checkpoint_is_refused() {
+        let (written, _dir) = model(10);
+        let mut written = projection(written);
+        written.apply(
+            0,
+            7,
+            0,
+            &encode(&changed(payment(1, 10, "a", Status::Authorized))),
+        );
+        let at_checkpoint = checkpoint(&written);
+        let (empty, _other_dir) = model(10);
+        let error = projection(empty)
+            .restore(&mut &at_checkpoint[..])
+            .unwrap_err();
+        assert!(error.to_string().contains("damaged or replaced"), "{error}");
+    }
+
+    /// A checkpoint from before the store, the payments in it, is moved into the store.
+    #[test]
+    fn a_checkpoint_from_before_the_store_is_imported() {
+        let (old, _dir) = model(10);
+        let mut old = projection(old);
+        let events = [
+            changed(payment(1, 10, "a", Status::Authorized)),
+            changed(payment(2, 20, "b", Status::Declined)),
+        ];
+        for (lsn, event) in events.iter().enumerate() {
+            old.apply(0, lsn as Lsn, 0, &encode(event));
+        }
+        let old_model = old.model.read().unwrap();
+        let whole = SavedWithPayments {
+            payments: [1u8, 2]
+                .map(|n| {
+                    let id = PaymentId::new([n; 8], [n; 12]);
+                    (id, Box::new(old_model.payment(&id).unwrap().unwrap()))
+                })
+                .into(),
+            feeds: old_model.saved.feeds.clone(),
+            dropped: old_model.saved.dropped.clone(),
+            last: old_model.saved.last.clone(),
+        };
+        let mut bytes = Vec::new();
+        bytes.write_bytes_le(&encode(&whole)).unwrap();
+
+        let (new, _new_dir) = model(10);
+        let mut new = projection(new);
+        new.restore(&mut &bytes[..]).unwrap();
+        assert_eq!(
+            listed(&new, None),
+            vec![(20, Status::Declined), (10, Status::Authorized)]
+        );
+        assert_eq!(new.model.read().unwrap().count(Status::Declined), 1);
+        let restored = new.model.read().unwrap();
+        assert_eq!(restored.feed(&[], 10).unwrap().events.len(), 2);
     }
 }
