@@ -142,6 +142,10 @@ pub trait StateMachine: Any + Send {
 pub trait Projection: Send + Sync {
     /// Called for every event of this app in journal order per partition (partitions interleave).
     fn apply(&mut self, partition: PartitionId, lsn: Lsn, timestamp_ms: u64, event: &[u8]);
+    /// Called after each run of events the projection was handed (a group commit's, what a replay read)
+    /// and before every checkpoint: a read model that writes its events in batches writes them here.
+    fn flush(&mut self) {}
+    /// Writes the read model as of the last [`Self::flush`].
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()>;
     /// Replaces the read model with a snapshot written by `write_snapshot`.
     fn restore(&mut self, input: &mut dyn io::Read) -> io::Result<()>;

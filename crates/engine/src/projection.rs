@@ -124,7 +124,11 @@ impl ProjectionRuntime {
                     reason,
                 })
         })
-        .map_err(|e| StartError::Unrecoverable(format!("rebuilding projection {}: {e}", self.name)))
+        .map_err(|e| {
+            StartError::Unrecoverable(format!("rebuilding projection {}: {e}", self.name))
+        })?;
+        self.projection.flush();
+        Ok(())
     }
 
     fn apply_record(
@@ -206,6 +210,7 @@ impl ProjectionRuntime {
     }
 
     fn checkpoint(&mut self) -> Result<(), JournalError> {
+        self.projection.flush();
         let positions: Vec<Lsn> = self
             .positions
             .iter()
@@ -274,6 +279,7 @@ impl ProjectionRuntime {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
             self.pass_other_apps(&feeds);
+            self.projection.flush();
             self.update_lag();
             if self.checkpoint_due()
                 && let Err(error) = self.checkpoint()

@@ -11,10 +11,10 @@ use crate::command::{
     StoredCard, Tax, decode, encode,
 };
 use crate::keys::Keyring;
-use crate::model::{CursorExpired, FeedPosition, ListFilter, PaymentsModel};
+use crate::model::{CursorExpired, FeedEntry, FeedPosition, ListFilter, PaymentsModel};
 use crate::reference::{ReferenceData, currency_numeric, included_tax};
 use crate::settle::{Settler, batch_name};
-use crate::state::PaymentsState;
+use crate::state::{PartitionQuery, PaymentsState};
 use crate::{APP_ID, APP_NAME, reference::Reference};
 use axum::Router;
 use axum::body::Bytes;
@@ -25,10 +25,10 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use spate_engine::EngineHandle;
+use spate_engine::{EngineHandle, PartitionId};
 use spate_server::ApiError;
 use spate_server::api::{command_id, json as json_response, reply_bytes};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -613,6 +613,13 @@ async fn list(
             })
         })
         .transpose()?;
+    // A page goes on after the payment it names; one the server does not know lists from the top.
+    let starting_after = match starting_after {
+        Some(id) => (fetch_payments(&payments, &[id]).await?)
+            .remove(&id)
+            .map(|p| (p.created_ms, id)),
+        None => None,
+    };
     let filter = ListFilter {
         merchant: query.merchant,
         status,
@@ -632,11 +639,41 @@ async fn list(
     .await
     .map_err(read_model_error)?
     .map_err(read_model_error)?;
-    let data: Vec<Value> = page.payments.iter().map(payment_json).collect();
+    let mut found = fetch_payments(&payments, &page.ids).await?;
+    let data: Vec<Value> = (page.ids.iter())
+        .filter_map(|id| found.remove(id))
+        .map(|p| payment_json(&p))
+        .collect();
     Ok(json_response(
         StatusCode::OK,
         &json!({"object": "list", "data": data, "has_more": page.has_more}),
     ))
+}
+
+/// The payments `ids` as their partitions hold them (in memory or archived), wherever those partitions
+/// are applied; a payment no partition knows is left out.
+async fn fetch_payments(
+    payments: &Payments,
+    ids: &[PaymentId],
+) -> Result<HashMap<PaymentId, Payment>, ApiError> {
+    let mut by_partition: BTreeMap<u16, Vec<PaymentId>> = BTreeMap::new();
+    for id in ids {
+        let partition = payments.engine.partition_of(id.route_key());
+        by_partition.entry(partition).or_default().push(*id);
+    }
+    let mut found = HashMap::with_capacity(ids.len());
+    for (partition, ids) in by_partition {
+        let query = encode(&PartitionQuery::Payments(ids.clone()));
+        let answer = payments.engine.read(partition, APP_ID, query).await?;
+        let answered: Vec<Option<Payment>> = decode(&answer).map_err(|error| {
+            read_model_error(format!(
+                "partition {partition} could not read its payments ({error})"
+            ))
+        })?;
+        let pairs = ids.into_iter().zip(answered);
+        found.extend(pairs.filter_map(|(id, payment)| Some((id, payment?))));
+    }
+    Ok(found)
 }
 
 fn read_model_error(error: impl std::fmt::Display) -> ApiError {
@@ -689,9 +726,9 @@ async fn events(
             ))
         })?,
     };
-    let model = payments.model.clone();
-    tokio::task::spawn_blocking(move || {
-        let model = model
+    let (events, cursor, has_more) = {
+        let model = payments
+            .model
             .read()
             .expect("the payments model lock is never poisoned");
         let page = model.feed(&cursor, limit).map_err(|CursorExpired { partition }| {
@@ -703,31 +740,35 @@ async fn events(
                 ),
             )
         })?;
-        let mut data = Vec::with_capacity(page.events.len());
-        for (partition, e) in &page.events {
-            let payment = model.payment(&e.payment).map_err(read_model_error)?;
-            let capture = e.capture.zip(payment.as_ref());
-            data.push(json!({
+        let events: Vec<(PartitionId, FeedEntry)> = (page.events.into_iter())
+            .map(|(partition, e)| (partition, e.clone()))
+            .collect();
+        (events, page.cursor, page.has_more)
+    };
+    let ids: Vec<PaymentId> = events.iter().map(|(_, e)| e.payment).collect();
+    let found = fetch_payments(&payments, &ids).await?;
+    let data: Vec<Value> = (events.iter())
+        .map(|(partition, e)| {
+            let payment = found.get(&e.payment);
+            json!({
                 "id": format!("evt_{partition}_{}_{}", e.position.0, e.position.1),
                 "type": e.kind.name(),
                 "created": seconds(e.created_ms),
                 "payment": e.payment.to_string(),
-                "capture": capture.map(|(c, p)| p.capture_id(usize::from(c))),
-                "data": {"object": payment.as_ref().map(payment_json)},
-            }));
-        }
-        Ok(json_response(
-            StatusCode::OK,
-            &json!({
-                "object": "list",
-                "data": data,
-                "has_more": page.has_more,
-                "next_cursor": format_cursor(&page.cursor),
-            }),
-        ))
-    })
-    .await
-    .map_err(read_model_error)?
+                "capture": e.capture.zip(payment).map(|(c, p)| p.capture_id(usize::from(c))),
+                "data": {"object": payment.map(payment_json)},
+            })
+        })
+        .collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "object": "list",
+            "data": data,
+            "has_more": has_more,
+            "next_cursor": format_cursor(&cursor),
+        }),
+    ))
 }
 
 pub fn reference_json(reference: &ReferenceData) -> Value {

@@ -1,7 +1,7 @@
-//! The read model over every partition, built by a projection from the payments' events: every payment
-//! (for listing with filters), on disk in `store.rs`, and the events feed, in memory and bounded. Single
-//! payments are read from their partition, so a client reads its own writes; lists and the feed may lag
-//! by the projection's lag (`spate_projection_lag`).
+//! The read model over every partition, built by a projection from the payments' events: the list's
+//! indexes (on disk, `store.rs`) and the events feed (in memory, bounded). Both name payments; the
+//! payments themselves are read from their partitions, so a client reads its own writes, while which
+//! payments a page or the feed holds may lag by the projection's lag (`spate_projection_lag`).
 //!
 //! The feed's cursor is a position per partition (journal LSN and the event's index in its record), so
 //! it is exact across restarts: events of different partitions have no global order, but each
@@ -89,8 +89,8 @@ pub struct ListFilter {
     pub status: Option<Status>,
     /// Only payments created at or after this time.
     pub created_from_ms: Option<u64>,
-    /// Continue after this payment (the last of the previous page).
-    pub starting_after: Option<PaymentId>,
+    /// Continue after this payment (the last of the previous page): its creation time and id.
+    pub starting_after: Option<(u64, PaymentId)>,
     pub limit: usize,
 }
 
@@ -116,36 +116,24 @@ impl PaymentsModel {
         }
     }
 
-    pub fn payment(&self, id: &PaymentId) -> Result<Option<Payment>, StoreError> {
-        self.store.payment(id)
-    }
-
     /// Payments by status.
     pub fn count(&self, status: Status) -> u64 {
         self.store.count(status)
     }
 
-    /// Stores what an event at `position` did to a payment, unless the store holds it already (it may
+    /// Records what an event at `position` did to a payment, unless the store holds it already (it may
     /// be ahead of the checkpoint the model restarted from).
     fn store(&mut self, partition: PartitionId, position: FeedPosition, event: &Event) {
         if self.store.applied(partition) >= Some(position) {
             return;
         }
-        let stored = match event {
-            Event::Changed { payment, .. } => self.store.put(partition, position, payment),
-            Event::CaptureSettled {
-                payment,
-                capture,
-                status,
-                ..
-            } => self.store.payment(payment).and_then(|found| {
-                let mut payment = found.expect("a capture settles on a payment the model holds");
-                payment.captures[usize::from(*capture)].status = *status;
-                self.store.put(partition, position, &payment)
-            }),
+        let payment = match event {
+            Event::Changed { payment, .. } => Some(&**payment),
+            // A capture's settlement changes no payment's status.
+            Event::CaptureSettled { .. } => None,
         };
         // The model cannot go on without its store: each later event may depend on this one.
-        stored.unwrap_or_else(|error| panic!("{error}"));
+        (self.store.change(partition, position, payment)).unwrap_or_else(|error| panic!("{error}"));
     }
 
     fn apply(&mut self, partition: PartitionId, lsn: Lsn, timestamp_ms: u64, event: Event) {
@@ -193,18 +181,13 @@ impl PaymentsModel {
         }
     }
 
-    /// Newest first, filtered; pages continue with `starting_after` (from the top if the model does
-    /// not know it).
+    /// Newest first, filtered; pages continue with `starting_after`.
     pub fn list(&self, filter: &ListFilter) -> Result<Page, StoreError> {
-        let before = match filter.starting_after {
-            Some(id) => (self.store.payment(&id)?).map(|p| (p.created_ms, p.id)),
-            None => None,
-        };
         self.store.list(
             filter.merchant.as_deref(),
             filter.status,
             filter.created_from_ms.unwrap_or(0),
-            before,
+            filter.starting_after,
             filter.limit,
         )
     }
@@ -283,6 +266,15 @@ impl Projection for PaymentsProjection {
             .apply(partition, lsn, timestamp_ms, event);
     }
 
+    fn flush(&mut self) {
+        let mut model = self.write_model();
+        // As in `store`: the model cannot go on without its store.
+        model
+            .store
+            .flush()
+            .unwrap_or_else(|error| panic!("{error}"));
+    }
+
     /// The store first, so that it holds at least what the checkpoint's positions cover.
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
         let model = self
@@ -321,7 +313,7 @@ impl Projection for PaymentsProjection {
 impl PaymentsModel {
     /// Moves the payments of a checkpoint from before the store into it.
     fn import(&mut self, whole: SavedWithPayments) -> Result<(), StoreError> {
-        (self.store).import(whole.payments.into_values(), &whole.last)?;
+        (self.store).import(whole.payments.values().map(|p| &**p), &whole.last)?;
         self.saved = Saved {
             feeds: whole.feeds,
             dropped: whole.dropped,
@@ -378,7 +370,9 @@ mod tests {
     }
 
     impl PaymentsModel {
-        fn list_ok(&self, filter: &ListFilter) -> Page {
+        /// Lists what was applied so far, flushed first.
+        fn list_ok(&mut self, filter: &ListFilter) -> Page {
+            self.store.flush().unwrap();
             self.list(filter).unwrap()
         }
     }
@@ -407,10 +401,11 @@ mod tests {
                 changed(payment(n, 1000 + u64::from(n), merchant, status)),
             );
         }
+        // Payment `n` was created at 1000 + n.
         let ids = |page: Page| {
-            page.payments
+            page.ids
                 .iter()
-                .map(|p| p.created_ms)
+                .map(|id| 1000 + u64::from(id.0[0]))
                 .collect::<Vec<_>>()
         };
         let all = ListFilter {
@@ -428,7 +423,7 @@ mod tests {
         };
         let first = model.list_ok(&a);
         assert!(first.has_more);
-        let last = first.payments[1].id;
+        let last = (1002, first.ids[1]);
         assert_eq!(ids(model.list_ok(&a)), vec![1004, 1002]);
         let rest = ListFilter {
             starting_after: Some(last),
@@ -498,24 +493,23 @@ mod tests {
         }
     }
 
-    fn checkpoint(projection: &PaymentsProjection) -> Vec<u8> {
+    fn checkpoint(projection: &mut PaymentsProjection) -> Vec<u8> {
+        projection.flush();
         let mut bytes = Vec::new();
         projection.write_snapshot(&mut bytes).unwrap();
         bytes
     }
 
-    fn listed(projection: &PaymentsProjection, status: Option<Status>) -> Vec<(u64, Status)> {
-        let model = projection.model.read().unwrap();
+    /// The numbers of the payments listed (`payment(n, ..)`), newest first.
+    fn listed(projection: &PaymentsProjection, status: Option<Status>) -> Vec<u8> {
+        let mut model = projection.model.write().unwrap();
         let filter = ListFilter {
             status,
             limit: 100,
             ..ListFilter::default()
         };
         let page = model.list_ok(&filter);
-        page.payments
-            .iter()
-            .map(|p| (p.created_ms, p.status))
-            .collect()
+        page.ids.iter().map(|id| id.0[0]).collect()
     }
 
     /// After a crash the store may hold events the checkpoint does not: replayed, they count once.
@@ -538,10 +532,11 @@ mod tests {
         for (lsn, event) in first.iter().enumerate() {
             before_crash.apply(0, lsn as Lsn, 0, &encode(event));
         }
-        let at_checkpoint = checkpoint(&before_crash);
+        let at_checkpoint = checkpoint(&mut before_crash);
         for (lsn, event) in second.iter().enumerate() {
             before_crash.apply(0, (first.len() + lsn) as Lsn, 0, &encode(event));
         }
+        before_crash.flush();
         let expected = listed(&before_crash, None);
         drop(before_crash);
 
@@ -550,15 +545,9 @@ mod tests {
         for (lsn, event) in second.iter().enumerate() {
             restarted.apply(0, (first.len() + lsn) as Lsn, 0, &encode(event));
         }
+        restarted.flush();
         assert_eq!(listed(&restarted, None), expected);
-        assert_eq!(
-            listed(&restarted, Some(Status::Declined)),
-            vec![
-                (102, Status::Declined),
-                (101, Status::Declined),
-                (100, Status::Declined)
-            ]
-        );
+        assert_eq!(listed(&restarted, Some(Status::Declined)), vec![2, 1, 0]);
         assert!(listed(&restarted, Some(Status::Authorized)).is_empty());
         let model = restarted.model.read().unwrap();
         assert_eq!(
@@ -586,7 +575,7 @@ mod tests {
             0,
             &encode(&changed(payment(1, 10, "a", Status::Authorized))),
         );
-        let at_checkpoint = checkpoint(&written);
+        let at_checkpoint = checkpoint(&mut written);
         let (empty, _other_dir) = model(10);
         let error = projection(empty)
             .restore(&mut &at_checkpoint[..])
@@ -599,21 +588,16 @@ mod tests {
     fn a_checkpoint_from_before_the_store_is_imported() {
         let (old, _dir) = model(10);
         let mut old = projection(old);
-        let events = [
-            changed(payment(1, 10, "a", Status::Authorized)),
-            changed(payment(2, 20, "b", Status::Declined)),
+        let payments = [
+            payment(1, 10, "a", Status::Authorized),
+            payment(2, 20, "b", Status::Declined),
         ];
-        for (lsn, event) in events.iter().enumerate() {
-            old.apply(0, lsn as Lsn, 0, &encode(event));
+        for (lsn, payment) in payments.iter().enumerate() {
+            old.apply(0, lsn as Lsn, 0, &encode(&changed(payment.clone())));
         }
         let old_model = old.model.read().unwrap();
         let whole = SavedWithPayments {
-            payments: [1u8, 2]
-                .map(|n| {
-                    let id = PaymentId::new([n; 8], [n; 12]);
-                    (id, Box::new(old_model.payment(&id).unwrap().unwrap()))
-                })
-                .into(),
+            payments: payments.map(|p| (p.id, Box::new(p))).into(),
             feeds: old_model.saved.feeds.clone(),
             dropped: old_model.saved.dropped.clone(),
             last: old_model.saved.last.clone(),
@@ -624,10 +608,7 @@ mod tests {
         let (new, _new_dir) = model(10);
         let mut new = projection(new);
         new.restore(&mut &bytes[..]).unwrap();
-        assert_eq!(
-            listed(&new, None),
-            vec![(20, Status::Declined), (10, Status::Authorized)]
-        );
+        assert_eq!(listed(&new, None), vec![2, 1]);
         assert_eq!(new.model.read().unwrap().count(Status::Declined), 1);
         let restored = new.model.read().unwrap();
         assert_eq!(restored.feed(&[], 10).unwrap().events.len(), 2);

@@ -9,7 +9,7 @@
 use crate::command::{Command, Reply, encode};
 use crate::keys::{Keyring, hex, write_durably};
 use crate::reference::Reference;
-use crate::state::{Batches, Detail, Details, SettleQuery};
+use crate::state::{Batches, Detail, Details, PartitionQuery};
 use crate::{APP_ID, command::decode};
 use serde::Serialize;
 use spate_engine::{EngineError, EngineHandle};
@@ -100,7 +100,7 @@ impl Settler {
     async fn read<A: serde::de::DeserializeOwned>(
         &self,
         partition: u16,
-        query: &SettleQuery,
+        query: &PartitionQuery,
     ) -> Result<A, String> {
         let query = encode(query);
         for _ in 0..OVERLOAD_RETRIES_MAX {
@@ -126,7 +126,7 @@ impl Settler {
         let mut last_batch = self.last_batch.lock().await;
         let mut open = std::collections::BTreeSet::new();
         for partition in self.partitions() {
-            let here: Batches = self.read(partition, &SettleQuery::Batches).await?;
+            let here: Batches = self.read(partition, &PartitionQuery::Batches).await?;
             open.extend(here.open);
             // After a restart (or a clock step back) the next id still follows every batch made so far.
             *last_batch = (*last_batch).max(here.last);
@@ -229,7 +229,7 @@ impl Settler {
         for partition in self.partitions() {
             let mut offset = 0;
             loop {
-                let query = SettleQuery::Details {
+                let query = PartitionQuery::Details {
                     batch,
                     offset,
                     limit: DETAILS_PER_QUERY_MAX,

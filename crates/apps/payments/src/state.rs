@@ -57,14 +57,17 @@ pub struct Detail {
     pub masked: String,
 }
 
-/// What settlement asks each partition ([`StateMachine::read`], postcard bytes): settlement runs on one
-/// node, and in a cluster the partitions it reads live on several.
+/// What the app asks a partition wherever it is applied ([`StateMachine::read`], postcard bytes):
+/// settlement runs on one node and the list shows payments of every partition, which in a cluster live
+/// on several nodes. New variants go last: nodes of two versions may ask each other.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum SettleQuery {
+pub enum PartitionQuery {
     /// Answered with [`Batches`].
     Batches,
     /// Answered with [`Details`]: up to `limit` detail records of `batch` from `offset` on.
     Details { batch: u64, offset: u64, limit: u64 },
+    /// Answered with a `Vec<Option<Payment>>`: each payment, in memory or archived.
+    Payments(Vec<PaymentId>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,6 +139,8 @@ pub struct PaymentsState {
     archives_final: bool,
     /// An archived payment a command brought back into memory, until the command ends.
     revived: Option<Revived>,
+    /// The payments the command in progress changed: those final at its end go to the archive.
+    changed: Vec<PaymentId>,
 }
 
 /// An archived payment in memory while a command may change it.
@@ -159,6 +164,7 @@ impl PaymentsState {
             snapshot_batches: None,
             archives_final: true,
             revived: None,
+            changed: Vec::new(),
         }
     }
 
@@ -174,6 +180,7 @@ impl PaymentsState {
             snapshot_batches: None,
             archives_final: true,
             revived: None,
+            changed: Vec::new(),
         };
         for (_, payment) in state.ledger.payments.iter() {
             if payment.status == Status::Authorized {
@@ -289,18 +296,41 @@ impl PaymentsState {
                 self.refund(payment, amount, now_ms, archive, emit)
             }
             Command::Tick => Reply::Ticked {
-                expired: self.expire_due(now_ms, archive, emit),
+                expired: self.expire_due(now_ms, emit),
             },
             Command::SettleAssign {
                 batch,
                 suspended,
                 limit,
-            } => self.settle_assign(batch, &suspended, limit, archive, emit),
+            } => self.settle_assign(batch, &suspended, limit, emit),
             Command::SettleConfirm { batch, limit } => {
                 self.settle_confirm(batch, limit, archive, emit)
             }
         };
-        if let Some(revived) = self.revived.take() {
+        self.archive_final_payments(archive);
+        reply
+    }
+
+    /// At the end of a command, moves the payments it changed that are final to the archive: revision
+    /// 0, or for a payment it brought back from there, the next revision if it changed it.
+    fn archive_final_payments(&mut self, archive: &mut dyn PaymentsArchive) {
+        let revived = self.revived.take();
+        let mut changed = std::mem::take(&mut self.changed);
+        changed.sort_unstable();
+        changed.dedup();
+        for id in changed {
+            if !self.archives_final || revived.as_ref().is_some_and(|r| r.id == id) {
+                continue;
+            }
+            let Some(payment) = self.ledger.payments.get(&id) else {
+                continue;
+            };
+            if is_final(payment) {
+                archive.put(&payment_key(&id, 0), &encode(payment));
+                self.ledger.payments.remove(&id);
+            }
+        }
+        if let Some(revived) = revived {
             let payment = (self.ledger.payments.remove(&revived.id)).expect("revived in memory");
             assert!(
                 is_final(&payment),
@@ -314,23 +344,11 @@ impl PaymentsState {
                 );
             }
         }
-        reply
     }
 
-    /// Moves payment `id` to the archive if it is final, unless it was revived from there (the end of
-    /// the command archives that one).
-    fn archive_if_final(&mut self, id: PaymentId, archive: &mut dyn PaymentsArchive) {
-        if !self.archives_final || self.revived.as_ref().is_some_and(|r| r.id == id) {
-            return;
-        }
-        let payment = self.ledger.payments.get(&id).expect("a known payment");
-        if is_final(payment) {
-            archive.put(&payment_key(&id, 0), &encode(payment));
-            self.ledger.payments.remove(&id);
-        }
-    }
-
-    fn changed(&self, kind: EventKind, id: PaymentId, emit: &mut dyn FnMut(Event)) -> Reply {
+    /// Emits the event of a change to payment `id` and answers with the payment.
+    fn changed(&mut self, kind: EventKind, id: PaymentId, emit: &mut dyn FnMut(Event)) -> Reply {
+        self.changed.push(id);
         let payment = self
             .ledger
             .payments
@@ -424,18 +442,11 @@ impl PaymentsState {
         if authorized && a.capture_now {
             return self.capture(a.payment, None, true, now_ms, archive, emit);
         }
-        self.archive_if_final(a.payment, archive);
         reply
     }
 
     /// Ends the authorization of `id` if its deadline has passed; true when it did.
-    fn expire_if_due(
-        &mut self,
-        id: PaymentId,
-        now_ms: u64,
-        archive: &mut dyn PaymentsArchive,
-        emit: &mut dyn FnMut(Event),
-    ) -> bool {
+    fn expire_if_due(&mut self, id: PaymentId, now_ms: u64, emit: &mut dyn FnMut(Event)) -> bool {
         let payment = self
             .ledger
             .payments
@@ -452,16 +463,10 @@ impl PaymentsState {
             Status::Expired
         };
         self.changed(EventKind::Expired, id, emit);
-        self.archive_if_final(id, archive);
         true
     }
 
-    fn expire_due(
-        &mut self,
-        now_ms: u64,
-        archive: &mut dyn PaymentsArchive,
-        emit: &mut dyn FnMut(Event),
-    ) -> u64 {
+    fn expire_due(&mut self, now_ms: u64, emit: &mut dyn FnMut(Event)) -> u64 {
         let due: Vec<PaymentId> = self
             .deadlines
             .range(..(now_ms.saturating_add(1), PaymentId([0; 20])))
@@ -469,7 +474,7 @@ impl PaymentsState {
             .collect();
         let mut expired = 0;
         for id in due {
-            expired += u64::from(self.expire_if_due(id, now_ms, archive, emit));
+            expired += u64::from(self.expire_if_due(id, now_ms, emit));
         }
         expired
     }
@@ -496,7 +501,7 @@ impl PaymentsState {
             });
             return Ok(());
         }
-        self.expire_if_due(id, now_ms, archive, emit);
+        self.expire_if_due(id, now_ms, emit);
         Ok(())
     }
 
@@ -592,9 +597,7 @@ impl PaymentsState {
         self.deadlines.remove(&(payment.capture_before_ms, id));
         payment.amount_capturable = 0;
         payment.status = Status::Canceled;
-        let reply = self.changed(EventKind::Canceled, id, emit);
-        self.archive_if_final(id, archive);
-        reply
+        self.changed(EventKind::Canceled, id, emit)
     }
 
     fn refund(
@@ -626,7 +629,6 @@ impl PaymentsState {
         batch_id: u64,
         suspended: &[String],
         limit: u32,
-        archive: &mut dyn PaymentsArchive,
         emit: &mut dyn FnMut(Event),
     ) -> Reply {
         if (self.ledger.batches.get(&batch_id)).is_some_and(|batch| batch.captures.is_empty()) {
@@ -668,7 +670,7 @@ impl PaymentsState {
                     status: CaptureStatus::Failed,
                     batch: batch_id,
                 });
-                self.archive_if_final(capture.payment, archive);
+                self.changed.push(capture.payment);
             } else {
                 assigned += 1;
                 self.ledger
@@ -733,7 +735,7 @@ impl PaymentsState {
                 status: CaptureStatus::Succeeded,
                 batch: batch_id,
             });
-            self.archive_if_final(capture.payment, archive);
+            self.changed.push(capture.payment);
         }
         let batch = self.ledger.batches.get_mut(&batch_id).expect("found above");
         batch.confirmed = end;
@@ -755,8 +757,8 @@ impl PaymentsState {
     /// Checks every invariant of the module comment; for tests.
     pub fn check(&self) {
         assert!(
-            self.revived.is_none(),
-            "a revived payment outlived its command"
+            self.revived.is_none() && self.changed.is_empty(),
+            "a command's changes outlived it"
         );
         let mut spooled = 0;
         for (_, payment) in self.ledger.payments.iter() {
@@ -851,12 +853,12 @@ impl StateMachine for PaymentsState {
     }
 
     fn read(&self, query: &[u8], archive: &spate_engine::ArchiveReader<'_>) -> Vec<u8> {
-        match decode::<SettleQuery>(query) {
-            Ok(SettleQuery::Batches) => encode(&Batches {
+        match decode::<PartitionQuery>(query) {
+            Ok(PartitionQuery::Batches) => encode(&Batches {
                 open: self.open_batches(),
                 last: self.last_batch(),
             }),
-            Ok(SettleQuery::Details {
+            Ok(PartitionQuery::Details {
                 batch,
                 offset,
                 limit,
@@ -875,6 +877,19 @@ impl StateMachine for PaymentsState {
                     Err(error) => {
                         // An empty answer: the settler reports the batch unreadable.
                         tracing::error!(%error, batch, "settlement details: the archive failed");
+                        Vec::new()
+                    }
+                }
+            }
+            Ok(PartitionQuery::Payments(ids)) => {
+                let found: Result<Vec<Option<Payment>>, _> = (ids.iter())
+                    .map(|id| self.find_payment(id, |key| archive.get(key)))
+                    .collect();
+                match found {
+                    Ok(payments) => encode(&payments),
+                    Err(error) => {
+                        // An empty answer: the caller reports the payments unreadable.
+                        tracing::error!(%error, "payments by id: the archive failed");
                         Vec::new()
                     }
                 }

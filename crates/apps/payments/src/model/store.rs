@@ -1,25 +1,33 @@
-//! The read model's payments on disk, in a fjall database of their own (`<data dir>/payments/model`), so
-//! that the model's memory does not grow with the payments ever made: every payment as its newest event
-//! left it, and two indexes for the list, newest first (by creation, and by merchant then creation),
-//! whose values hold the payment's status so that a filter on it reads no payment.
+//! The payments list on disk, in a fjall database of its own (`<data dir>/payments/model`), so that the
+//! model's memory does not grow with the payments ever made: two indexes, newest first (by creation, and
+//! by merchant then creation), whose values hold the payment's status so that a filter on it reads no
+//! payment, and the count of payments by status. The payments themselves have one home, their partition
+//! (in memory while they can change, then in the archive), which the list asks for the page it shows.
 //!
-//! Each event is one atomic write that also records, per partition, the position of the newest event the
-//! store holds (`applied`). After a crash the store may be ahead of the model's checkpoint: events replayed
-//! from the journal that it already holds are skipped. It is never behind: a checkpoint persists the store
-//! first, and start-up refuses a store that holds less than the checkpoint says.
+//! Changes gather in memory (`pending`) and go to disk in one atomic write per [`ModelStore::flush`]
+//! (after each group commit's events, or every [`PENDING_MAX`] payments), which also records, per
+//! partition, the position of the newest event the store holds (`applied`). After a crash the store may
+//! be ahead of the model's checkpoint: events replayed from the journal that it already holds are
+//! skipped. It is never behind: a checkpoint flushes and persists the store first, and start-up refuses
+//! a store that holds less than the checkpoint says.
 
 use super::FeedPosition;
 use crate::command::{PAYMENT_ID_BYTES, Payment, PaymentId, Status, decode, encode};
 use spate_engine::PartitionId;
+use std::collections::HashMap;
 use std::ops::Bound;
 use std::path::Path;
 
-/// The block cache: the indexes' recent blocks and the payments asked for most.
-const CACHE_BYTES: u64 = 32 << 20;
+/// The block cache: the indexes' recent blocks.
+const CACHE_BYTES: u64 = 16 << 20;
+/// The memtables of each index and of the counts and positions (fjall's default is 64 MiB each).
+const MEMTABLE_BYTES: [u64; 2] = [16 << 20, 1 << 20];
 const APPLIED_KEY: &[u8] = b"applied";
 const STATUSES_KEY: &[u8] = b"statuses";
 /// Bytes after an index key's prefix: the creation time (big-endian, so keys sort by it), then the id.
 const CREATED_ID_BYTES: usize = 8 + PAYMENT_ID_BYTES;
+/// Payments changed and not yet written, at most: a replay at start-up writes every so many.
+const PENDING_MAX: usize = 16_384;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -27,18 +35,31 @@ pub enum StoreError {
     Fjall(#[from] fjall::Error),
     #[error("the payments read model's store holds damaged bytes: {0}")]
     Damaged(#[from] postcard::Error),
+    #[error("the payments read model's store holds an unknown status {0}")]
+    UnknownStatus(u8),
+}
+
+/// A payment changed since the last flush: what its index keys need, and its status in the store
+/// (none if it is new there).
+struct Pending {
+    created_ms: u64,
+    merchant: String,
+    status: Status,
+    stored_status: Option<Status>,
 }
 
 pub struct ModelStore {
     db: fjall::Database,
-    payments: fjall::Keyspace,
     by_created: fjall::Keyspace,
     by_merchant: fjall::Keyspace,
     meta: fjall::Keyspace,
-    /// Payments by status, in the order of `Status::ALL`.
+    /// Payments by status, in the order of `Status::ALL`, as of the last flush.
     statuses: [u64; Status::ALL.len()],
-    /// Per partition, the position of the newest event the store holds.
+    /// Per partition, the position of the newest event the store holds, pending ones included.
     applied: Vec<Option<FeedPosition>>,
+    /// `applied` moved since the last flush.
+    applied_moved: bool,
+    pending: HashMap<PaymentId, Pending>,
 }
 
 fn status_byte(status: Status) -> u8 {
@@ -63,9 +84,10 @@ fn index_key(prefix: &[u8], created_ms: u64, id: &PaymentId) -> Vec<u8> {
     key
 }
 
-/// What [`ModelStore::list`] returns: a page, newest first, and whether more follow.
+/// A page of the list: payment ids, newest first, and whether more follow.
+#[derive(Debug, PartialEq, Eq)]
 pub struct Listed {
-    pub payments: Vec<Payment>,
+    pub ids: Vec<PaymentId>,
     pub has_more: bool,
 }
 
@@ -76,12 +98,16 @@ impl ModelStore {
             .cache_size(CACHE_BYTES)
             .manual_journal_persist(true)
             .open()?;
-        let keyspace = |name: &str| db.keyspace(name, Default::default);
-        let (payments, by_created, by_merchant, meta) = (
-            keyspace("payments")?,
-            keyspace("by_created")?,
-            keyspace("by_merchant")?,
-            keyspace("meta")?,
+        let keyspace = |name: &str, memtable_bytes: u64| {
+            db.keyspace(name, || {
+                fjall::KeyspaceCreateOptions::default().max_memtable_size(memtable_bytes)
+            })
+        };
+        let [index_memtable, meta_memtable] = MEMTABLE_BYTES;
+        let (by_created, by_merchant, meta) = (
+            keyspace("by_created", index_memtable)?,
+            keyspace("by_merchant", index_memtable)?,
+            keyspace("meta", meta_memtable)?,
         );
         let statuses = match meta.get(STATUSES_KEY)? {
             Some(bytes) => decode(&bytes)?,
@@ -93,12 +119,13 @@ impl ModelStore {
         };
         Ok(Self {
             db,
-            payments,
             by_created,
             by_merchant,
             meta,
             statuses,
             applied,
+            applied_moved: false,
+            pending: HashMap::new(),
         })
     }
 
@@ -107,44 +134,102 @@ impl ModelStore {
         self.applied.get(usize::from(partition)).copied().flatten()
     }
 
+    /// Payments with `status`, as of the last flush.
     pub fn count(&self, status: Status) -> u64 {
         self.statuses[usize::from(status_byte(status))]
     }
 
-    pub fn payment(&self, id: &PaymentId) -> Result<Option<Payment>, StoreError> {
-        match self.payments.get(id.0)? {
-            Some(bytes) => Ok(Some(decode(&bytes)?)),
+    /// The status the store holds for the payment `id` created at `created_ms`.
+    fn stored_status(&self, created_ms: u64, id: &PaymentId) -> Result<Option<Status>, StoreError> {
+        match self
+            .by_created
+            .get(index_key(&[], created_ms, id))?
+            .as_deref()
+        {
             None => Ok(None),
+            Some([byte]) => (Status::ALL.get(usize::from(*byte)).copied())
+                .map(Some)
+                .ok_or(StoreError::UnknownStatus(*byte)),
+            Some(_) => Err(StoreError::UnknownStatus(u8::MAX)),
         }
     }
 
-    /// Stores `payment` as the event at `position` of `partition` left it, in one write.
-    pub fn put(
+    /// Records that the event at `position` of `partition` left `payment` as it is (`None`: an event
+    /// that changes nothing the list shows).
+    pub fn change(
         &mut self,
         partition: PartitionId,
         position: FeedPosition,
-        payment: &Payment,
+        payment: Option<&Payment>,
     ) -> Result<(), StoreError> {
         assert!(
             self.applied(partition) < Some(position),
             "events reach the store once, in order"
         );
-        let mut batch = self.db.batch();
-        self.write_payment(&mut batch, payment)?;
         let p = usize::from(partition);
         if self.applied.len() <= p {
             self.applied.resize(p + 1, None);
         }
         self.applied[p] = Some(position);
-        self.write_meta(&mut batch);
+        self.applied_moved = true;
+        match payment {
+            Some(payment) => self.stage(payment),
+            None => Ok(()),
+        }
+    }
+
+    fn stage(&mut self, payment: &Payment) -> Result<(), StoreError> {
+        let stored_status = match self.pending.remove(&payment.id) {
+            Some(pending) => pending.stored_status,
+            None => self.stored_status(payment.created_ms, &payment.id)?,
+        };
+        self.pending.insert(
+            payment.id,
+            Pending {
+                created_ms: payment.created_ms,
+                merchant: payment.merchant.clone(),
+                status: payment.status,
+                stored_status,
+            },
+        );
+        if self.pending.len() >= PENDING_MAX {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the pending changes to the indexes, the counts and the positions reached, in one write.
+    pub fn flush(&mut self) -> Result<(), StoreError> {
+        if self.pending.is_empty() && !self.applied_moved {
+            return Ok(());
+        }
+        self.applied_moved = false;
+        let mut batch = self.db.batch();
+        for (id, pending) in self.pending.drain() {
+            if pending.stored_status == Some(pending.status) {
+                continue;
+            }
+            let status = [status_byte(pending.status)];
+            let by_created = index_key(&[], pending.created_ms, &id);
+            batch.insert(&self.by_created, by_created, status);
+            let by_merchant =
+                index_key(&merchant_prefix(&pending.merchant), pending.created_ms, &id);
+            batch.insert(&self.by_merchant, by_merchant, status);
+            if let Some(old) = pending.stored_status {
+                self.statuses[usize::from(status_byte(old))] -= 1;
+            }
+            self.statuses[usize::from(status[0])] += 1;
+        }
+        batch.insert(&self.meta, APPLIED_KEY, encode(&self.applied));
+        batch.insert(&self.meta, STATUSES_KEY, encode(&self.statuses));
         Ok(batch.commit()?)
     }
 
-    /// Stores the payments of a checkpoint from before the store, which covered the events through
+    /// Indexes the payments of a checkpoint from before the store, which covered the events through
     /// `applied`, unless an earlier start-up did.
-    pub fn import(
+    pub fn import<'p>(
         &mut self,
-        payments: impl Iterator<Item = Box<Payment>>,
+        payments: impl Iterator<Item = &'p Payment>,
         applied: &[Option<FeedPosition>],
     ) -> Result<(), StoreError> {
         let done =
@@ -153,46 +238,15 @@ impl ModelStore {
             return Ok(());
         }
         for payment in payments {
-            let mut batch = self.db.batch();
-            self.write_payment(&mut batch, &payment)?;
-            self.write_meta(&mut batch);
-            batch.commit()?;
+            self.stage(payment)?;
         }
-        let mut batch = self.db.batch();
         self.applied = applied.to_vec();
-        self.write_meta(&mut batch);
-        Ok(batch.commit()?)
-    }
-
-    /// Adds `payment`, its index keys if its status changed, and its place in the counts to `batch`.
-    fn write_payment(
-        &mut self,
-        batch: &mut fjall::OwnedWriteBatch,
-        payment: &Payment,
-    ) -> Result<(), StoreError> {
-        let old_status = self.payment(&payment.id)?.map(|old| old.status);
-        batch.insert(&self.payments, payment.id.0, encode(payment));
-        if old_status != Some(payment.status) {
-            let status = [status_byte(payment.status)];
-            let (created_ms, id) = (payment.created_ms, &payment.id);
-            batch.insert(&self.by_created, index_key(&[], created_ms, id), status);
-            let by_merchant = index_key(&merchant_prefix(&payment.merchant), created_ms, id);
-            batch.insert(&self.by_merchant, by_merchant, status);
-            if let Some(old) = old_status {
-                self.statuses[usize::from(status_byte(old))] -= 1;
-            }
-            self.statuses[usize::from(status[0])] += 1;
-        }
-        Ok(())
-    }
-
-    fn write_meta(&self, batch: &mut fjall::OwnedWriteBatch) {
-        batch.insert(&self.meta, APPLIED_KEY, encode(&self.applied));
-        batch.insert(&self.meta, STATUSES_KEY, encode(&self.statuses));
+        self.applied_moved = true;
+        self.flush()
     }
 
     /// Up to `limit` payments newest first, of `merchant` if given, created at or after `from_ms`,
-    /// before `before` (a payment's creation and id), with `status` if given.
+    /// before `before` (a payment's creation and id), with `status` if given; as of the last flush.
     pub fn list(
         &self,
         merchant: Option<&str>,
@@ -231,15 +285,15 @@ impl ModelStore {
         }
         let has_more = ids.len() > limit;
         ids.truncate(limit);
-        let mut payments = Vec::with_capacity(ids.len());
-        for id in &ids {
-            payments.push(self.payment(id)?.expect("indexed payments are stored"));
-        }
-        Ok(Listed { payments, has_more })
+        Ok(Listed { ids, has_more })
     }
 
-    /// Makes every write so far durable.
+    /// Makes every write so far durable; the pending changes must have been flushed.
     pub fn persist(&self) -> Result<(), StoreError> {
+        assert!(
+            self.pending.is_empty() && !self.applied_moved,
+            "a checkpoint follows a flush"
+        );
         Ok(self.db.persist(fjall::PersistMode::SyncAll)?)
     }
 }

@@ -567,6 +567,25 @@ fn a_batch_that_closes_between_snapshot_steps_is_written_as_it_began() {
     assert_eq!(restored.ledger.batches[&batch].captures.len(), 50);
 }
 
+/// A command that finds its payment's deadline passed expires it first; if that makes it final, it
+/// leaves memory when the command ends.
+#[test]
+fn a_late_capture_expires_and_archives_the_payment_it_finds() {
+    let (mut s, mut archive) = (archiving_state(), MemoryArchive::default());
+    archive.run(&mut s, authorize(1, 1000), START_MS);
+    let late = START_MS + 25 * HOUR_MS;
+    assert!(matches!(
+        archive.run(&mut s, capture(1, None, true), late),
+        Reply::Refused(Refusal::WrongStatus {
+            status: Status::Expired,
+            ..
+        })
+    ));
+    assert!(s.payment(&id(1)).is_none(), "expired is final");
+    let found = s.find_payment(&id(1), |key| archive.get_stored(key));
+    assert_eq!(found.unwrap().map(|p| p.status), Some(Status::Expired));
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Authorize(u8, u64),
@@ -574,6 +593,8 @@ enum Op {
     Cancel(u8),
     Refund(u8, Option<u64>),
     Wait(u64),
+    /// Time passes without a tick: a command may be the first to find a deadline passed.
+    Pass(u64),
     Assign(u32),
     Confirm(u32),
     /// A step of a snapshot in steps (the first one begins it), with this budget in bytes.
@@ -589,6 +610,7 @@ fn op() -> impl Strategy<Value = Op> {
         n.clone().prop_map(Op::Cancel),
         (n, proptest::option::of(1..1_500u64)).prop_map(|(n, a)| Op::Refund(n, a)),
         (0..12 * HOUR_MS).prop_map(Op::Wait),
+        (0..12 * HOUR_MS).prop_map(Op::Pass),
         (1..5u32).prop_map(Op::Assign),
         (1..5u32).prop_map(Op::Confirm),
         (1..600usize).prop_map(Op::SnapshotStep),
@@ -616,6 +638,10 @@ proptest! {
         };
         for op in ops {
             now += 1;
+            if let Op::Pass(ms) = op {
+                now += ms;
+                continue;
+            }
             if let Op::SnapshotStep(budget) = op {
                 let (mut bytes, at_start) = match snapshot.take() {
                     Some(started) => started,
@@ -649,7 +675,7 @@ proptest! {
                     Some(id) => Command::SettleConfirm { batch: id, limit },
                     None => Command::Tick,
                 },
-                Op::SnapshotStep(_) => unreachable!("handled above"),
+                Op::SnapshotStep(_) | Op::Pass(_) => unreachable!("handled above"),
             };
             let was_capture = matches!(command, Command::Capture { .. });
             let target = match &command {
