@@ -52,19 +52,15 @@ pub struct Payments {
 type Shared = State<Arc<Payments>>;
 
 pub fn routes(payments: Arc<Payments>) -> Router {
-    let model = payments.model.clone();
+    let authorized = (payments.model.read())
+        .expect("the payments model lock is never poisoned")
+        .authorized();
     spate_server::api::spawn_ticks(
         payments.engine.clone(),
         APP_ID,
         TICK_INTERVAL,
         encode(&Command::Tick),
-        move || {
-            model
-                .read()
-                .expect("the payments model lock is never poisoned")
-                .count(Status::Authorized)
-                > 0
-        },
+        move || authorized.load(std::sync::atomic::Ordering::Relaxed) > 0,
     );
     Router::new()
         .route("/v1/payments", post(authorize).get(list))
@@ -726,9 +722,10 @@ async fn events(
             ))
         })?,
     };
-    let (events, cursor, has_more) = {
-        let model = payments
-            .model
+    // On the blocking pool: the model's lock may wait for a flush of its store.
+    let model = payments.model.clone();
+    let (events, cursor, has_more) = tokio::task::spawn_blocking(move || {
+        let model = model
             .read()
             .expect("the payments model lock is never poisoned");
         let page = model.feed(&cursor, limit).map_err(|CursorExpired { partition }| {
@@ -743,8 +740,10 @@ async fn events(
         let events: Vec<(PartitionId, FeedEntry)> = (page.events.into_iter())
             .map(|(partition, e)| (partition, e.clone()))
             .collect();
-        (events, page.cursor, page.has_more)
-    };
+        Ok::<_, ApiError>((events, page.cursor, page.has_more))
+    })
+    .await
+    .map_err(read_model_error)??;
     let ids: Vec<PaymentId> = events.iter().map(|(_, e)| e.payment).collect();
     let found = fetch_payments(&payments, &ids).await?;
     let data: Vec<Value> = (events.iter())

@@ -16,7 +16,7 @@ use std::io;
 use std::sync::{Arc, RwLock};
 
 mod store;
-pub use store::{ModelStore, StoreError};
+pub use store::{ListChange, ModelStore, StoreError};
 
 /// Events kept per partition for the feed; older ones are dropped (a cursor before them gets 410).
 pub const FEED_EVENTS_PER_PARTITION_DEFAULT: usize = 1_000_000;
@@ -121,19 +121,28 @@ impl PaymentsModel {
         self.store.count(status)
     }
 
+    /// See [`ModelStore::authorized`].
+    pub fn authorized(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        self.store.authorized()
+    }
+
     /// Records what an event at `position` did to a payment, unless the store holds it already (it may
     /// be ahead of the checkpoint the model restarted from).
     fn store(&mut self, partition: PartitionId, position: FeedPosition, event: &Event) {
         if self.store.applied(partition) >= Some(position) {
             return;
         }
-        let payment = match event {
-            Event::Changed { payment, .. } => Some(&**payment),
+        let change = match event {
+            Event::Changed {
+                kind: EventKind::Authorized | EventKind::Declined,
+                payment,
+            } => ListChange::Created(payment),
+            Event::Changed { payment, .. } => ListChange::Changed(payment),
             // A capture's settlement changes no payment's status.
-            Event::CaptureSettled { .. } => None,
+            Event::CaptureSettled { .. } => ListChange::Nothing,
         };
         // The model cannot go on without its store: each later event may depend on this one.
-        (self.store.change(partition, position, payment)).unwrap_or_else(|error| panic!("{error}"));
+        (self.store.change(partition, position, change)).unwrap_or_else(|error| panic!("{error}"));
     }
 
     fn apply(&mut self, partition: PartitionId, lsn: Lsn, timestamp_ms: u64, event: Event) {
@@ -517,14 +526,18 @@ mod tests {
     fn a_restart_replays_onto_a_store_ahead_of_the_checkpoint_without_counting_twice() {
         let dir = tempfile::tempdir().unwrap();
         let open = || PaymentsModel::new(10, ModelStore::open(dir.path()).unwrap());
+        // Three payments authorized, then the three canceled.
         let events: Vec<Event> = (0..6u8)
             .map(|n| {
-                changed(payment(
-                    n % 3,
-                    100 + u64::from(n % 3),
-                    "a",
-                    Status::ALL[usize::from(n / 3)],
-                ))
+                let (kind, status) = match n / 3 {
+                    0 => (EventKind::Authorized, Status::Authorized),
+                    _ => (EventKind::Canceled, Status::Canceled),
+                };
+                let payment = payment(n % 3, 100 + u64::from(n % 3), "a", status);
+                Event::Changed {
+                    kind,
+                    payment: Box::new(payment),
+                }
             })
             .collect();
         let (first, second) = events.split_at(2);
@@ -547,12 +560,12 @@ mod tests {
         }
         restarted.flush();
         assert_eq!(listed(&restarted, None), expected);
-        assert_eq!(listed(&restarted, Some(Status::Declined)), vec![2, 1, 0]);
+        assert_eq!(listed(&restarted, Some(Status::Canceled)), vec![2, 1, 0]);
         assert!(listed(&restarted, Some(Status::Authorized)).is_empty());
         let model = restarted.model.read().unwrap();
         assert_eq!(
             (
-                model.count(Status::Declined),
+                model.count(Status::Canceled),
                 model.count(Status::Authorized)
             ),
             (3, 0)

@@ -17,6 +17,8 @@ use spate_engine::PartitionId;
 use std::collections::HashMap;
 use std::ops::Bound;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The block cache: the indexes' recent blocks.
 const CACHE_BYTES: u64 = 16 << 20;
@@ -55,6 +57,8 @@ pub struct ModelStore {
     meta: fjall::Keyspace,
     /// Payments by status, in the order of `Status::ALL`, as of the last flush.
     statuses: [u64; Status::ALL.len()],
+    /// The authorized ones, for readers that must not wait for the model's lock.
+    authorized: Arc<AtomicU64>,
     /// Per partition, the position of the newest event the store holds, pending ones included.
     applied: Vec<Option<FeedPosition>>,
     /// `applied` moved since the last flush.
@@ -84,6 +88,16 @@ fn index_key(prefix: &[u8], created_ms: u64, id: &PaymentId) -> Vec<u8> {
     key
 }
 
+/// What an event did to the list.
+pub enum ListChange<'p> {
+    /// A payment's first event (authorized or declined): the store cannot hold it yet.
+    Created(&'p Payment),
+    /// A later event, which may have changed the payment's status.
+    Changed(&'p Payment),
+    /// Nothing the list shows (a capture's settlement).
+    Nothing,
+}
+
 /// A page of the list: payment ids, newest first, and whether more follow.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Listed {
@@ -94,8 +108,10 @@ pub struct Listed {
 impl ModelStore {
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
         // Persisted by hand before each checkpoint: the journal replays whatever a crash lost since.
+        // One worker: its flushes and compactions never take every core from the partitions.
         let db = fjall::Database::builder(dir)
             .cache_size(CACHE_BYTES)
+            .worker_threads(1)
             .manual_journal_persist(true)
             .open()?;
         let keyspace = |name: &str, memtable_bytes: u64| {
@@ -122,6 +138,9 @@ impl ModelStore {
             by_created,
             by_merchant,
             meta,
+            authorized: Arc::new(AtomicU64::new(
+                statuses[usize::from(status_byte(Status::Authorized))],
+            )),
             statuses,
             applied,
             applied_moved: false,
@@ -139,6 +158,12 @@ impl ModelStore {
         self.statuses[usize::from(status_byte(status))]
     }
 
+    /// The count of authorized payments as of the last flush, readable without the model's lock (which
+    /// a flush holds while fjall writes, or waits).
+    pub fn authorized(&self) -> Arc<AtomicU64> {
+        self.authorized.clone()
+    }
+
     /// The status the store holds for the payment `id` created at `created_ms`.
     fn stored_status(&self, created_ms: u64, id: &PaymentId) -> Result<Option<Status>, StoreError> {
         match self
@@ -154,13 +179,12 @@ impl ModelStore {
         }
     }
 
-    /// Records that the event at `position` of `partition` left `payment` as it is (`None`: an event
-    /// that changes nothing the list shows).
+    /// Records what the event at `position` of `partition` did to the list.
     pub fn change(
         &mut self,
         partition: PartitionId,
         position: FeedPosition,
-        payment: Option<&Payment>,
+        change: ListChange<'_>,
     ) -> Result<(), StoreError> {
         assert!(
             self.applied(partition) < Some(position),
@@ -172,15 +196,18 @@ impl ModelStore {
         }
         self.applied[p] = Some(position);
         self.applied_moved = true;
-        match payment {
-            Some(payment) => self.stage(payment),
-            None => Ok(()),
+        match change {
+            ListChange::Created(payment) => self.stage(payment, true),
+            ListChange::Changed(payment) => self.stage(payment, false),
+            ListChange::Nothing => Ok(()),
         }
     }
 
-    fn stage(&mut self, payment: &Payment) -> Result<(), StoreError> {
+    /// Adds `payment` to the pending changes; `created` spares looking up a status it cannot have.
+    fn stage(&mut self, payment: &Payment, created: bool) -> Result<(), StoreError> {
         let stored_status = match self.pending.remove(&payment.id) {
             Some(pending) => pending.stored_status,
+            None if created => None,
             None => self.stored_status(payment.created_ms, &payment.id)?,
         };
         self.pending.insert(
@@ -222,7 +249,10 @@ impl ModelStore {
         }
         batch.insert(&self.meta, APPLIED_KEY, encode(&self.applied));
         batch.insert(&self.meta, STATUSES_KEY, encode(&self.statuses));
-        Ok(batch.commit()?)
+        batch.commit()?;
+        let authorized = self.statuses[usize::from(status_byte(Status::Authorized))];
+        self.authorized.store(authorized, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Indexes the payments of a checkpoint from before the store, which covered the events through
@@ -238,7 +268,7 @@ impl ModelStore {
             return Ok(());
         }
         for payment in payments {
-            self.stage(payment)?;
+            self.stage(payment, false)?;
         }
         self.applied = applied.to_vec();
         self.applied_moved = true;
