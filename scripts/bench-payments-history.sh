@@ -15,7 +15,10 @@ port=18280
 base="http://127.0.0.1:$port"
 pid=
 cleanup() {
-    [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
+    if [ -n "$pid" ]; then
+        kill -9 "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null || true
+    fi
     rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -49,7 +52,8 @@ wait "$pid" || true
 pid=
 echo "stopped (SIGTERM, final snapshots) in $(seconds_since "$begin") s"
 echo "data directory $(mib "$dir/data") MiB: archive $(mib "$dir/data/archive") MiB," \
-    "read model store $(mib "$dir/data/payments/model") MiB, snapshots $(mib "$dir/data/snapshots") MiB"
+    "the list's store $(mib "$dir/data/payments/model") MiB, journal and snapshots" \
+    "$(mib "$dir/data/partitions") MiB"
 begin=$(now)
 start
 echo "restarted, answering in $(seconds_since "$begin") s; RSS $(rss_mib) MiB"
