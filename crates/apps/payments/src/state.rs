@@ -261,8 +261,17 @@ impl PaymentsState {
         };
         let mut details = Vec::with_capacity(limit.min(captures.len()));
         for capture in captures.iter().skip(offset).take(limit) {
-            let payment =
-                (self.find_payment(&capture.payment, &get)?).expect("a batch names known payments");
+            // Not `find_payment`: a payment in memory is read in place, not copied.
+            let archived;
+            let payment = match self.payment(&capture.payment) {
+                Some(payment) => payment,
+                None => {
+                    archived = (latest_archived(&capture.payment, &get)?)
+                        .expect("a batch names known payments")
+                        .1;
+                    &archived
+                }
+            };
             let index = usize::from(capture.index);
             details.push(Detail {
                 merchant: payment.merchant.clone(),
