@@ -117,6 +117,7 @@ impl PaymentsModel {
     }
 
     /// Payments by status.
+    #[cfg(test)]
     pub fn count(&self, status: Status) -> u64 {
         self.store.count(status)
     }

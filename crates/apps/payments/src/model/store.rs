@@ -154,6 +154,7 @@ impl ModelStore {
     }
 
     /// Payments with `status`, as of the last flush.
+    #[cfg(test)]
     pub fn count(&self, status: Status) -> u64 {
         self.statuses[usize::from(status_byte(status))]
     }
