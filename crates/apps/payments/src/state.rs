@@ -324,10 +324,11 @@ impl PaymentsState {
     /// 0, or for a payment it brought back from there, the next revision if it changed it.
     fn archive_final_payments(&mut self, archive: &mut dyn PaymentsArchive) {
         let revived = self.revived.take();
+        // Taken for the loop and given back empty, so that its capacity serves the next command.
         let mut changed = std::mem::take(&mut self.changed);
         changed.sort_unstable();
         changed.dedup();
-        for id in changed {
+        for &id in &changed {
             if !self.archives_final || revived.as_ref().is_some_and(|r| r.id == id) {
                 continue;
             }
@@ -339,6 +340,8 @@ impl PaymentsState {
                 self.ledger.payments.remove(&id);
             }
         }
+        changed.clear();
+        self.changed = changed;
         if let Some(revived) = revived {
             let payment = (self.ledger.payments.remove(&revived.id)).expect("revived in memory");
             assert!(
