@@ -147,8 +147,9 @@ pub trait Projection: Send + Sync {
     fn flush(&mut self) {}
     /// Writes the read model as of the last [`Self::flush`].
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()>;
-    /// Replaces the read model with a snapshot written by `write_snapshot`.
-    fn restore(&mut self, input: &mut dyn io::Read) -> io::Result<()>;
+    /// Replaces the read model with a snapshot written by `write_snapshot`, which covered each
+    /// partition's records below `positions` (indexed by partition).
+    fn restore(&mut self, input: &mut dyn io::Read, positions: &[Lsn]) -> io::Result<()>;
 }
 
 pub type NewState = dyn Fn(PartitionId) -> Box<dyn StateMachine> + Send + Sync;

@@ -34,7 +34,10 @@ pub(crate) struct ProjectionRuntime {
     pub app: AppId,
     pub name: &'static str,
     projection: Box<dyn Projection>,
-    /// Next LSN to apply, per partition; read by other threads for the lag.
+    /// Next LSN to apply, per partition.
+    next: Vec<Lsn>,
+    /// `next` as of the read model's last flush, which is what readers see; read by other threads for
+    /// the lag, so a lag of zero means every durable record can be read from the model.
     pub positions: Arc<Vec<AtomicU64>>,
     /// Per partition, the LSN the last checkpoint covers: the journal must keep everything from there.
     pub floors: Vec<Arc<AtomicU64>>,
@@ -83,7 +86,7 @@ impl ProjectionRuntime {
                     *position = input.read_u64_le()?;
                 }
                 input.end_section("positions")?;
-                projection.restore(&mut input)?;
+                projection.restore(&mut input, &positions)?;
                 input.end_section(name)?;
                 input.finish()
             });
@@ -99,7 +102,8 @@ impl ProjectionRuntime {
                 .iter()
                 .map(|&p| Arc::new(AtomicU64::new(p)))
                 .collect(),
-            positions: Arc::new(positions.into_iter().map(AtomicU64::new).collect()),
+            positions: Arc::new(positions.iter().map(|&p| AtomicU64::new(p)).collect()),
+            next: positions,
             dir,
             checkpoint_interval_records,
             checkpoint_interval_bytes,
@@ -115,7 +119,7 @@ impl ProjectionRuntime {
 
     /// Replays what the journal of `partition` holds beyond this projection's position.
     pub fn catch_up(&mut self, partition: PartitionId, log: &dyn Log) -> Result<(), StartError> {
-        let from = self.positions[usize::from(partition)].load(Ordering::Relaxed);
+        let from = self.next[usize::from(partition)];
         log.replay(from, &mut |lsn, kind, body| {
             self.apply_record(partition, lsn, kind, body)
                 .map_err(|reason| JournalError::Corrupt {
@@ -127,8 +131,16 @@ impl ProjectionRuntime {
         .map_err(|e| {
             StartError::Unrecoverable(format!("rebuilding projection {}: {e}", self.name))
         })?;
-        self.projection.flush();
+        self.flush();
         Ok(())
+    }
+
+    /// Has the read model write what it was handed, then shows readers the positions it now covers.
+    fn flush(&mut self) {
+        self.projection.flush();
+        for (published, next) in self.positions.iter().zip(&self.next) {
+            published.store(*next, Ordering::Release);
+        }
     }
 
     fn apply_record(
@@ -138,8 +150,7 @@ impl ProjectionRuntime {
         kind: u8,
         body: &[u8],
     ) -> Result<(), String> {
-        let position = &self.positions[usize::from(partition)];
-        if lsn < position.load(Ordering::Relaxed) {
+        if lsn < self.next[usize::from(partition)] {
             return Ok(());
         }
         let record = RecordRef::decode(kind, body).map_err(|e| format!("record {lsn}: {e}"))?;
@@ -151,7 +162,7 @@ impl ProjectionRuntime {
             self.since_checkpoint += 1;
             self.bytes_since_checkpoint += body.len() as u64;
         }
-        position.store(lsn + 1, Ordering::Release);
+        self.next[usize::from(partition)] = lsn + 1;
         Ok(())
     }
 
@@ -161,7 +172,7 @@ impl ProjectionRuntime {
         let index = usize::from(partition);
         let dropped_end =
             self.partitions[index].feed_dropped_end[usize::from(self.app)].load(Ordering::Acquire);
-        let from = self.positions[index].load(Ordering::Relaxed);
+        let from = self.next[index];
         if dropped_end <= from {
             return;
         }
@@ -210,12 +221,8 @@ impl ProjectionRuntime {
     }
 
     fn checkpoint(&mut self) -> Result<(), JournalError> {
-        self.projection.flush();
-        let positions: Vec<Lsn> = self
-            .positions
-            .iter()
-            .map(|p| p.load(Ordering::Acquire))
-            .collect();
+        self.flush();
+        let positions = self.next.clone();
         let projection = &self.projection;
         snapshot::write_atomically(&self.dir, &file_name(self.name), |out| {
             out.write_u32_le(positions.len() as u32)?;
@@ -252,11 +259,10 @@ impl ProjectionRuntime {
         for partition in 0..self.partitions.len() {
             self.read_dropped(partition as PartitionId);
         }
-        for (position, fed) in self.positions.iter().zip(fed) {
-            let at = position.load(Ordering::Relaxed);
-            if fed > at {
-                position.store(fed, Ordering::Release);
-                self.passed_since_checkpoint += fed - at;
+        for (next, fed) in self.next.iter_mut().zip(fed) {
+            if fed > *next {
+                self.passed_since_checkpoint += fed - *next;
+                *next = fed;
             }
         }
     }
@@ -279,7 +285,7 @@ impl ProjectionRuntime {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
             self.pass_other_apps(&feeds);
-            self.projection.flush();
+            self.flush();
             self.update_lag();
             if self.checkpoint_due()
                 && let Err(error) = self.checkpoint()
@@ -289,6 +295,7 @@ impl ProjectionRuntime {
         }
         // Every writer has stopped: the projection has seen all that is durable.
         self.pass_other_apps(&feeds);
+        self.flush();
         self.update_lag();
         if let Err(error) = self.checkpoint() {
             tracing::error!(projection = self.name, %error, "final projection checkpoint failed");

@@ -155,7 +155,7 @@ impl Projection for LedgerProjection {
         write_prefixed(out, &encode(&*model))
     }
 
-    fn restore(&mut self, input: &mut dyn io::Read) -> io::Result<()> {
+    fn restore(&mut self, input: &mut dyn io::Read, _positions: &[Lsn]) -> io::Result<()> {
         let restored = read_prefixed(input)?;
         *self
             .model

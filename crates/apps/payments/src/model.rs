@@ -296,7 +296,7 @@ impl Projection for PaymentsProjection {
         out.write_bytes_le(&encode(&model.saved))
     }
 
-    fn restore(&mut self, input: &mut dyn io::Read) -> io::Result<()> {
+    fn restore(&mut self, input: &mut dyn io::Read, _positions: &[Lsn]) -> io::Result<()> {
         let mut model = self.write_model();
         let format_or_len = input.read_u32_le()?;
         if format_or_len == FEED_CHECKPOINT_FORMAT {
@@ -555,7 +555,7 @@ mod tests {
         drop(before_crash);
 
         let mut restarted = projection(open());
-        restarted.restore(&mut &at_checkpoint[..]).unwrap();
+        restarted.restore(&mut &at_checkpoint[..], &[]).unwrap();
         for (lsn, event) in second.iter().enumerate() {
             restarted.apply(0, (first.len() + lsn) as Lsn, 0, &encode(event));
         }
@@ -592,7 +592,7 @@ mod tests {
         let at_checkpoint = checkpoint(&mut written);
         let (empty, _other_dir) = model(10);
         let error = projection(empty)
-            .restore(&mut &at_checkpoint[..])
+            .restore(&mut &at_checkpoint[..], &[])
             .unwrap_err();
         assert!(error.to_string().contains("damaged or replaced"), "{error}");
     }
@@ -621,7 +621,7 @@ mod tests {
 
         let (new, _new_dir) = model(10);
         let mut new = projection(new);
-        new.restore(&mut &bytes[..]).unwrap();
+        new.restore(&mut &bytes[..], &[]).unwrap();
         assert_eq!(listed(&new, None), vec![2, 1]);
         assert_eq!(new.model.read().unwrap().count(Status::Declined), 1);
         let restored = new.model.read().unwrap();

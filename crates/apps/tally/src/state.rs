@@ -192,7 +192,7 @@ impl Projection for TotalsProjection {
         out.write_i128_le(totals.balance_sum)
     }
 
-    fn restore(&mut self, input: &mut dyn io::Read) -> io::Result<()> {
+    fn restore(&mut self, input: &mut dyn io::Read, _positions: &[Lsn]) -> io::Result<()> {
         let restored = Totals {
             entries: input.read_u64_le()?,
             balance_sum: input.read_i128_le()?,
