@@ -7,7 +7,7 @@ use serde::Deserialize;
 use spate_engine::{Durability, EngineConfig};
 use spate_server::{AppModule, ClusterSetup, ServerConfig};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -179,6 +179,8 @@ pub struct ServeArgs {
 
 /// Options of individual apps, resolved like the engine's.
 pub struct AppOptions {
+    /// Where apps keep their read models' stores.
+    data_dir: PathBuf,
     fraud_stream_listen: Option<SocketAddr>,
     fraud_key_file: PathBuf,
     fraud_entries_per_card: usize,
@@ -189,7 +191,6 @@ pub struct AppOptions {
 
 /// The payments app's options; its module is built from them when the app is enabled.
 pub struct PaymentsOptions {
-    data_dir: PathBuf,
     kek_file: Option<PathBuf>,
     keyring_file: PathBuf,
     create_keyring: bool,
@@ -201,7 +202,7 @@ pub struct PaymentsOptions {
 }
 
 impl PaymentsOptions {
-    fn module(&self) -> anyhow::Result<AppModule> {
+    fn module(&self, data_dir: &Path) -> anyhow::Result<AppModule> {
         let kek_file = match &self.kek_file {
             Some(path) => path.clone(),
             None => spate_payments::keys::default_kek_path().context(
@@ -209,7 +210,7 @@ impl PaymentsOptions {
             )?,
         };
         spate_payments::module(spate_payments::PaymentsConfig {
-            data_dir: self.data_dir.clone(),
+            data_dir: data_dir.to_path_buf(),
             kek_file,
             keyring_file: self.keyring_file.clone(),
             create_keyring: self.create_keyring,
@@ -242,9 +243,10 @@ pub fn modules(names: &[String], options: &AppOptions) -> anyhow::Result<Vec<App
         .map(|name| match name.as_str() {
             spate_tally::APP_NAME => Ok(spate_tally::module()),
             spate_leaderboard::APP_NAME => Ok(spate_leaderboard::module()),
-            spate_ski::APP_NAME => Ok(spate_ski::module(options.ski)),
+            spate_ski::APP_NAME => spate_ski::module(options.ski, &options.data_dir)
+                .map_err(|e| anyhow::anyhow!("ski: {e}")),
             spate_ledger::APP_NAME => Ok(spate_ledger::module(options.ledger_open_transfers_max)),
-            spate_payments::APP_NAME => options.payments.module(),
+            spate_payments::APP_NAME => options.payments.module(&options.data_dir),
             spate_fraud::APP_NAME => {
                 let key = spate_fraud::cipher::load_or_create_key(&options.fraud_key_file)
                     .with_context(|| {
@@ -355,6 +357,7 @@ impl ServeArgs {
             );
         }
         let app_options = AppOptions {
+            data_dir: data_dir.clone(),
             fraud_stream_listen,
             fraud_key_file: self
                 .fraud_key_file
@@ -365,7 +368,6 @@ impl ServeArgs {
                 .ledger_open_transfers_max
                 .unwrap_or(spate_ledger::OPEN_TRANSFERS_MAX_DEFAULT),
             payments: PaymentsOptions {
-                data_dir: data_dir.clone(),
                 kek_file: self.kek_file,
                 // Nodes on Kafka share one keyring: a node never makes its own.
                 create_keyring: self.kafka.is_none(),

@@ -694,31 +694,6 @@ fn stopped_ledger_with_an_archive() -> tempfile::TempDir {
     dir
 }
 
-/// Runs `spate serve` on `dir`, which must refuse to start: its exit status and log.
-fn refused_start_up(dir: &std::path::Path) -> (std::process::ExitStatus, String) {
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_spate"))
-        .args(["serve", "--apps", "ledger", "--listen", "127.0.0.1:0"])
-        .args(["--fraud-stream-listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir)
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let exited = eventually(Duration::from_secs(30), || {
-        child.try_wait().unwrap().is_some()
-    });
-    if !exited {
-        child.kill().unwrap();
-    }
-    let output = child.wait_with_output().unwrap();
-    assert!(exited, "the server started");
-    (
-        output.status,
-        String::from_utf8_lossy(&output.stderr).into(),
-    )
-}
-
 #[test]
 fn an_archive_store_that_lost_records_is_refused_at_start_up() {
     // The archive's records sit in fjall's journal until its memtable is flushed to a table. A flipped
@@ -736,7 +711,7 @@ fn an_archive_store_that_lost_records_is_refused_at_start_up() {
         let used = bytes.iter().rposition(|b| *b != 0).unwrap();
         apply(&mut bytes, used);
         std::fs::write(&journal, &bytes).unwrap();
-        let (status, log) = refused_start_up(dir.path());
+        let (status, log) = support::refused_start_up(dir.path(), "ledger");
         assert!(!status.success(), "{damage}: {log}");
         // Either fjall's recovery fails, or it cuts the journal short and spate sees records missing.
         assert!(

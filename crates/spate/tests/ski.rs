@@ -657,3 +657,60 @@ fn kill_9_during_a_post_storm_keeps_every_acknowledged_ride_exactly_once() {
     wait_for_model(&agent, &server.base, rides.len() as u64);
     check_model(&agent, &server.base, &rides);
 }
+
+#[test]
+fn a_damaged_or_missing_ride_store_is_refused_at_start_up() {
+    // The rides sit in fjall's journal until its memtable is written to a table; a clean stop
+    // persists it and checkpoints the positions it covers. A flipped byte or a cut there makes
+    // fjall's recovery fail or stop early; a lost store holds nothing: either way spate refuses to
+    // serve a read model that is behind its checkpoint.
+    type Damage = fn(&std::path::Path);
+    let journal = |store: &std::path::Path| store.join("0.jnl");
+    fn cut_or_flip(store: &std::path::Path, flip: bool) {
+        let path = store.join("0.jnl");
+        let mut bytes = std::fs::read(&path).unwrap();
+        let used = bytes.iter().rposition(|b| *b != 0).unwrap();
+        if flip {
+            bytes[used / 2] ^= 0x20;
+        } else {
+            bytes.truncate(used / 2);
+        }
+        std::fs::write(&path, &bytes).unwrap();
+    }
+    let damages: [(&str, Damage); 3] = [
+        ("a flipped byte", |store| cut_or_flip(store, true)),
+        ("a truncated file", |store| cut_or_flip(store, false)),
+        ("a lost store", |store| {
+            std::fs::remove_dir_all(store).unwrap()
+        }),
+    ];
+    for (damage, apply) in damages {
+        let dir = tempfile::tempdir().unwrap();
+        let server = start(dir.path());
+        let agent = agent();
+        let rides: Vec<Ride> = (1..=200)
+            .map(|n| Ride {
+                resort: 1 + n % 3,
+                season: 2022,
+                day: 1 + n % 2,
+                skier: n,
+                time: n % 300 + 1,
+                lift: n % 40 + 1,
+            })
+            .collect();
+        for ride in &rides {
+            assert_eq!(post_ride(&agent, &server.base, ride, None), 201);
+        }
+        wait_for_model(&agent, &server.base, rides.len() as u64);
+        assert!(server.terminate().success());
+        let store = dir.path().join("ski/model");
+        assert!(journal(&store).exists(), "fjall's journal moved");
+        apply(&store);
+        let (status, log) = support::refused_start_up(dir.path(), "ski");
+        assert!(!status.success(), "{damage}: {log}");
+        assert!(
+            log.contains("ski read model's store failed") || log.contains("behind its checkpoint"),
+            "{damage}: {log}"
+        );
+    }
+}

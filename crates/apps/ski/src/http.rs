@@ -5,7 +5,7 @@
 //! others, so the routes name it `{first}` (the router needs one name per position).
 
 use crate::command::{Command, Outcome, Ride, vertical_of};
-use crate::model::SharedModel;
+use crate::model::{RideStore, StoreError};
 use crate::state::SkiState;
 use crate::stats::{Endpoint, EndpointStats};
 use crate::{APP_ID, APP_NAME, Bounds, DAYS, SkiConfig};
@@ -137,7 +137,7 @@ impl From<EngineError> for SkiError {
 
 struct Ski {
     engine: EngineHandle,
-    model: SharedModel,
+    store: Arc<RideStore>,
     config: SkiConfig,
     stats: Arc<EndpointStats>,
 }
@@ -239,14 +239,27 @@ impl Ski {
                 state.seasons(resort)
             })
             .await?;
-        let model = self
-            .model
-            .read()
-            .expect("the ride model lock is never poisoned");
         Ok(added
             .into_iter()
-            .chain(model.seasons_with_rides(resort))
+            .chain(self.store.seasons_with_rides(resort))
             .collect())
+    }
+
+    /// Runs `read` against the read model's store on the blocking pool: it may wait for the disk.
+    async fn read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&RideStore) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, SkiError> {
+        let store = self.store.clone();
+        let read_model_error = |error: &dyn std::fmt::Display| SkiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: error.to_string(),
+        };
+        match tokio::task::spawn_blocking(move || read(&store)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(read_model_error(&error)),
+            Err(error) => Err(read_model_error(&error)),
+        }
     }
 }
 
@@ -332,11 +345,10 @@ async fn get_day_vertical(
     let season = ski.season("seasonID", &season)?;
     let day = ski.day(&day)?;
     let skier = ski.skier(&skier)?;
-    let model = ski
-        .model
-        .read()
-        .expect("the ride model lock is never poisoned");
-    match model.day_vertical(resort, season, day, skier) {
+    let vertical = ski
+        .read(move |store| store.day_vertical(resort, season, day, skier))
+        .await?;
+    match vertical {
         Some(vertical) => Ok(Json(vertical).into_response()),
         None => Err(SkiError::not_found(format!(
             "no rides for skier {skier} at resort {resort} on day {day} of season {season}"
@@ -410,11 +422,7 @@ async fn get_resort_day_skiers(
     let resort = ski.resort(&resort)?;
     let season = ski.season("seasonID", &season)?;
     let day = ski.day(&day)?;
-    let skiers = ski
-        .model
-        .read()
-        .expect("the ride model lock is never poisoned")
-        .unique_skiers(resort, season, day);
+    let skiers = ski.store.unique_skiers(resort, season, day);
     // The spec names the resort's name field `time`.
     Ok(Json(json!({ "time": resort_name(resort), "numSkiers": skiers })).into_response())
 }
@@ -444,12 +452,10 @@ async fn get_skier_vertical(
             "give exactly one resort query parameter",
         ));
     };
-    let filter = (!seasons.is_empty()).then_some(&seasons[..]);
+    let seasons_wanted = (!seasons.is_empty()).then_some(seasons);
     let totals = ski
-        .model
-        .read()
-        .expect("the ride model lock is never poisoned")
-        .season_verticals(skier, resort, filter);
+        .read(move |store| store.season_verticals(skier, resort, seasons_wanted.as_deref()))
+        .await?;
     if totals.is_empty() {
         return Err(SkiError::not_found(format!(
             "no rides for skier {skier} at resort {resort} in the seasons asked for"
@@ -469,10 +475,8 @@ async fn get_days(
     let skier = ski.skier(&skier)?;
     let season = ski.season("seasonID", &season)?;
     let days = ski
-        .model
-        .read()
-        .expect("the ride model lock is never poisoned")
-        .days_skied(skier, season);
+        .read(move |store| store.days_skied(skier, season))
+        .await?;
     let items: Vec<Value> = days
         .iter()
         .map(|d| json!({"dayID": d.day, "rides": d.rides, "vertical": d.vertical}))
@@ -493,15 +497,14 @@ async fn get_lifts(
     let skier = ski.skier(&skier)?;
     let season = ski.season("seasonID", &season)?;
     let day = ski.day(&day)?;
-    let model = ski
-        .model
-        .read()
-        .expect("the ride model lock is never poisoned");
-    let Some(rides) = model.lifts(skier, season, day) else {
+    let rides = ski
+        .read(move |store| store.lifts(skier, season, day))
+        .await?;
+    if rides.is_empty() {
         return Err(SkiError::not_found(format!(
             "no rides for skier {skier} on day {day} of season {season}"
         )));
-    };
+    }
     let lifts: Vec<Value> = rides
         .iter()
         .map(|r| json!({"resortID": r.resort, "time": r.time, "liftID": r.lift, "vertical": vertical_of(r.lift)}))
@@ -526,20 +529,16 @@ async fn get_statistics(State(ski): Ctx) -> Response {
 async fn get_lag(State(ski): Ctx) -> Response {
     let lag_records = ski.engine.projection_lag(APP_ID).unwrap_or(0);
     let queued: usize = ski.engine.health().queue_depth.iter().sum();
-    let rides = ski
-        .model
-        .read()
-        .expect("the ride model lock is never poisoned")
-        .ride_count();
+    let rides = ski.store.ride_count();
     Json(json!({ "lagRecords": lag_records, "queuedRequests": queued, "rides": rides }))
         .into_response()
 }
 
-pub(crate) fn routes(engine: EngineHandle, model: SharedModel, config: SkiConfig) -> Router {
+pub(crate) fn routes(engine: EngineHandle, store: Arc<RideStore>, config: SkiConfig) -> Router {
     let stats = EndpointStats::new(&ENDPOINTS);
     let ski = Arc::new(Ski {
         engine,
-        model,
+        store,
         config,
         stats: stats.clone(),
     });

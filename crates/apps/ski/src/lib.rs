@@ -16,10 +16,11 @@ mod stats;
 pub use command::{Command, Outcome, Ride, vertical_of};
 pub use state::SkiState;
 
+use model::{RideProjection, RideStore, StoreError};
 use spate_engine::AppSpec;
 use spate_server::AppModule;
 use std::fmt;
-use std::sync::{Arc, RwLock};
+use std::path::Path;
 
 pub const APP_ID: spate_engine::AppId = 4;
 pub const APP_NAME: &str = "ski";
@@ -112,20 +113,21 @@ impl SkiConfig {
     }
 }
 
-pub fn module(config: SkiConfig) -> AppModule {
-    let model = Arc::new(RwLock::new(model::RideModel::default()));
+/// ski with its read model's store under `data_dir`.
+pub fn module(config: SkiConfig, data_dir: &Path) -> Result<AppModule, StoreError> {
+    let store = RideStore::open(&data_dir.join(APP_NAME).join("model"))?;
     let spec = AppSpec {
         id: APP_ID,
         name: APP_NAME,
         new_state: Box::new(|_| Box::new(SkiState::default())),
         restore: Box::new(|_, input| Ok(Box::new(SkiState::restore(input)?))),
         archives: false,
-        projection: Some(Box::new(model::RideProjection::new(model.clone()))),
+        projection: Some(Box::new(RideProjection::new(store.clone())?)),
     };
-    AppModule {
+    Ok(AppModule {
         spec,
-        routes: Box::new(move |engine, _| Ok(http::routes(engine, model, config))),
-    }
+        routes: Box::new(move |engine, _| Ok(http::routes(engine, store, config))),
+    })
 }
 
 #[cfg(test)]

@@ -1,16 +1,60 @@
-//! The read model: the seed's questions answered from lift-ride events.
+//! The read model: the seed's questions answered from lift-ride events, with the rides on disk.
 //!
 //! Built by [`RideProjection`] on the engine's projection thread, which may lag the partitions; the
 //! lag is reported by `GET /ski/lag` and the `spate_projection_lag_records` metric. Every ride is kept
 //! (the seed's Redis model lost rides that shared skier, day and time; here each acknowledged POST is a
 //! ride), so every figure is derived from the rides themselves.
+//!
+//! The rides live in a fjall database of their own ([`RideStore`], `<data dir>/ski/model`), so memory
+//! does not grow with the seasons of rides kept:
+//! - `rides`: skier, season, day, then the ride's LSN (all big-endian, so a skier's day, season or
+//!   seasons are a prefix scan in journal order) -> resort, time and lift;
+//! - `visits`: resort, season, day, skier -> nothing; a ride whose visit is new counts one more unique
+//!   skier;
+//! - `meta`: the unique skiers per resort and day, the ride count, and per partition the next LSN the
+//!   store does not hold. The counts are in memory too, with the seasons with rides per resort they
+//!   imply: one entry per resort and day skied, not per ride.
+//!
+//! Rides gather in memory and go to disk in one atomic write per [`Projection::flush`] (after each run
+//! of events, or every [`PENDING_MAX`] rides). After a crash the store may be ahead of the engine's
+//! checkpoint: a replayed ride it already holds is skipped. It is never behind: a checkpoint persists it
+//! first, and start-up refuses a store that holds less than the checkpoint covers.
 
 use crate::command::{Ride, vertical_of};
-use spate_engine::wire::{ReadLe, WriteLe};
+use spate_engine::wire::ReadLe;
 use spate_engine::{Lsn, PartitionId, Projection};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
+use std::path::Path;
 use std::sync::{Arc, RwLock};
+
+/// The block cache: recent blocks of rides and visits.
+const CACHE_BYTES: u64 = 16 << 20;
+/// Memtables of rides, visits and meta (fjall's default is 64 MiB each).
+const MEMTABLE_BYTES: [u64; 3] = [16 << 20, 8 << 20, 1 << 20];
+const APPLIED_KEY: &[u8] = b"applied";
+const RIDES_KEY: &[u8] = b"rides";
+/// Followed by resort, season and day: that day's unique skiers.
+const DAY_PREFIX: &[u8] = b"day/";
+/// Rides applied and not yet written, at most: a replay at start-up writes every so many.
+const PENDING_MAX: usize = 16_384;
+/// What a checkpoint holds now that the store holds the rides. A checkpoint from before the store
+/// began with the number of (skier, season, day) entries that followed, which is never this.
+const STORE_CHECKPOINT: u64 = u64::MAX;
+
+type RideKey = [u8; 16];
+type RideValue = [u8; 6];
+type VisitKey = [u8; 10];
+/// (resort, season, day)
+type ResortDay = (u16, u16, u16);
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the ski read model's store failed: {0}")]
+    Fjall(#[from] fjall::Error),
+    #[error("the ski read model's store holds a damaged {0}")]
+    Damaged(&'static str),
+}
 
 /// A ride as the read model keeps it under its skier, season and day.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,78 +72,233 @@ pub struct DaySummary {
     pub vertical: u64,
 }
 
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct RideModel {
-    /// (skier, season, day) -> the day's rides in journal order. Ordered, so one skier's season or
-    /// seasons are a range scan.
-    days: BTreeMap<(u32, u16, u16), Vec<DayRide>>,
-    /// (resort, season, day) -> skiers with at least one ride there that day.
-    unique_skiers: HashMap<(u16, u16, u16), u32>,
+/// What the store holds besides the rides, kept in memory for the queries that count.
+#[derive(Debug, Default)]
+struct Counts {
+    unique_skiers: HashMap<ResortDay, u32>,
     /// resort -> seasons with at least one ride.
     ride_seasons: BTreeMap<u16, BTreeSet<u16>>,
     rides: u64,
 }
 
-impl RideModel {
-    pub fn apply(&mut self, ride: &Ride) {
-        let rides = self
-            .days
-            .entry((ride.skier, ride.season, ride.day))
-            .or_default();
-        if !rides.iter().any(|r| r.resort == ride.resort) {
-            *self
-                .unique_skiers
-                .entry((ride.resort, ride.season, ride.day))
-                .or_default() += 1;
+impl Counts {
+    fn add_skier(&mut self, (resort, season, day): ResortDay) -> u32 {
+        self.ride_seasons.entry(resort).or_default().insert(season);
+        let skiers = self.unique_skiers.entry((resort, season, day)).or_default();
+        *skiers += 1;
+        *skiers
+    }
+}
+
+fn ride_key(skier: u32, season: u16, day: u16, lsn: Lsn) -> RideKey {
+    let mut key = [0; 16];
+    key[..8].copy_from_slice(&day_prefix(skier, season, day));
+    key[8..].copy_from_slice(&lsn.to_be_bytes());
+    key
+}
+
+fn day_prefix(skier: u32, season: u16, day: u16) -> [u8; 8] {
+    let mut prefix = [0; 8];
+    prefix[..4].copy_from_slice(&skier.to_be_bytes());
+    prefix[4..6].copy_from_slice(&season.to_be_bytes());
+    prefix[6..].copy_from_slice(&day.to_be_bytes());
+    prefix
+}
+
+fn ride_value(ride: &Ride) -> RideValue {
+    let mut value = [0; 6];
+    value[..2].copy_from_slice(&ride.resort.to_be_bytes());
+    value[2..4].copy_from_slice(&ride.time.to_be_bytes());
+    value[4..].copy_from_slice(&ride.lift.to_be_bytes());
+    value
+}
+
+fn visit_key(ride: &Ride) -> VisitKey {
+    let mut key = [0; 10];
+    key[..6].copy_from_slice(&resort_day_bytes((ride.resort, ride.season, ride.day)));
+    key[6..].copy_from_slice(&ride.skier.to_be_bytes());
+    key
+}
+
+fn resort_day_bytes((resort, season, day): ResortDay) -> [u8; 6] {
+    let mut bytes = [0; 6];
+    bytes[..2].copy_from_slice(&resort.to_be_bytes());
+    bytes[2..4].copy_from_slice(&season.to_be_bytes());
+    bytes[4..].copy_from_slice(&day.to_be_bytes());
+    bytes
+}
+
+fn be_u16(bytes: &[u8]) -> u16 {
+    u16::from_be_bytes([bytes[0], bytes[1]])
+}
+
+/// The ride stored under `key` (a [`RideKey`]): its day and what it was.
+fn decode_ride(key: &[u8], value: &[u8]) -> Result<(u16, DayRide), StoreError> {
+    if key.len() != size_of::<RideKey>() || value.len() != size_of::<RideValue>() {
+        return Err(StoreError::Damaged("ride"));
+    }
+    let ride = DayRide {
+        resort: be_u16(&value[..2]),
+        time: be_u16(&value[2..4]),
+        lift: be_u16(&value[4..]),
+    };
+    Ok((be_u16(&key[6..8]), ride))
+}
+
+fn decode_positions(bytes: &[u8]) -> Result<Vec<Lsn>, StoreError> {
+    if !bytes.len().is_multiple_of(8) {
+        return Err(StoreError::Damaged("list of positions"));
+    }
+    Ok(bytes
+        .chunks_exact(8)
+        .map(|lsn| Lsn::from_le_bytes(lsn.try_into().expect("8 bytes")))
+        .collect())
+}
+
+/// The rides on disk and the counts in memory; read by the query handlers while the projection
+/// writes.
+pub struct RideStore {
+    db: fjall::Database,
+    rides: fjall::Keyspace,
+    visits: fjall::Keyspace,
+    meta: fjall::Keyspace,
+    /// As of the last flush.
+    counts: RwLock<Counts>,
+}
+
+impl RideStore {
+    pub fn open(dir: &Path) -> Result<Arc<Self>, StoreError> {
+        // Persisted by hand before each checkpoint: the journal replays whatever a crash lost since.
+        // One worker: its flushes and compactions never take every core from the partitions.
+        let db = fjall::Database::builder(dir)
+            .cache_size(CACHE_BYTES)
+            .worker_threads(1)
+            .manual_journal_persist(true)
+            .open()?;
+        let keyspace = |name: &str, memtable_bytes: u64| {
+            db.keyspace(name, || {
+                fjall::KeyspaceCreateOptions::default().max_memtable_size(memtable_bytes)
+            })
+        };
+        let [rides_memtable, visits_memtable, meta_memtable] = MEMTABLE_BYTES;
+        let (rides, visits, meta) = (
+            keyspace("rides", rides_memtable)?,
+            keyspace("visits", visits_memtable)?,
+            keyspace("meta", meta_memtable)?,
+        );
+        let mut counts = Counts::default();
+        if let Some(bytes) = meta.get(RIDES_KEY)? {
+            let bytes = bytes.as_ref().try_into();
+            counts.rides =
+                u64::from_le_bytes(bytes.map_err(|_| StoreError::Damaged("ride count"))?);
         }
-        rides.push(DayRide {
-            resort: ride.resort,
-            time: ride.time,
-            lift: ride.lift,
-        });
-        if let Some(seasons) = self.ride_seasons.get_mut(&ride.resort) {
-            seasons.insert(ride.season);
-        } else {
-            self.ride_seasons
-                .insert(ride.resort, BTreeSet::from([ride.season]));
+        for entry in meta.prefix(DAY_PREFIX) {
+            let (key, value) = entry.into_inner()?;
+            let (Ok(day), Ok(skiers)) = (
+                <[u8; 6]>::try_from(&key[DAY_PREFIX.len()..]),
+                <[u8; 4]>::try_from(value.as_ref()),
+            ) else {
+                return Err(StoreError::Damaged("count of unique skiers"));
+            };
+            let (resort, season, day) = (be_u16(&day[..2]), be_u16(&day[2..4]), be_u16(&day[4..]));
+            counts
+                .ride_seasons
+                .entry(resort)
+                .or_default()
+                .insert(season);
+            (counts.unique_skiers).insert((resort, season, day), u32::from_le_bytes(skiers));
         }
-        self.rides += 1;
+        Ok(Arc::new(Self {
+            db,
+            rides,
+            visits,
+            meta,
+            counts: RwLock::new(counts),
+        }))
+    }
+
+    /// Per partition, the next LSN the store does not hold.
+    fn applied(&self) -> Result<Vec<Lsn>, StoreError> {
+        match self.meta.get(APPLIED_KEY)? {
+            Some(bytes) => decode_positions(&bytes),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn counts(&self) -> std::sync::RwLockReadGuard<'_, Counts> {
+        self.counts
+            .read()
+            .expect("the counts' lock is never poisoned")
     }
 
     pub fn ride_count(&self) -> u64 {
-        self.rides
-    }
-
-    /// Vertical of `skier` at `resort` on one day; `None` without a ride there that day.
-    pub fn day_vertical(&self, resort: u16, season: u16, day: u16, skier: u32) -> Option<u64> {
-        let rides = self.days.get(&(skier, season, day))?;
-        let mut at_resort = rides.iter().filter(|r| r.resort == resort).peekable();
-        at_resort.peek()?;
-        Some(at_resort.map(|r| vertical_of(r.lift)).sum())
-    }
-
-    /// The days `skier` skied in `season`, in day order.
-    pub fn days_skied(&self, skier: u32, season: u16) -> Vec<DaySummary> {
-        self.days
-            .range((skier, season, 0)..=(skier, season, u16::MAX))
-            .map(|(&(_, _, day), rides)| DaySummary {
-                day,
-                rides: rides.len() as u32,
-                vertical: rides.iter().map(|r| vertical_of(r.lift)).sum(),
-            })
-            .collect()
-    }
-
-    /// The rides of `skier` on one day, over every resort; `None` if there are none.
-    pub fn lifts(&self, skier: u32, season: u16, day: u16) -> Option<&[DayRide]> {
-        self.days.get(&(skier, season, day)).map(Vec::as_slice)
+        self.counts().rides
     }
 
     pub fn unique_skiers(&self, resort: u16, season: u16, day: u16) -> u32 {
-        self.unique_skiers
+        (self.counts().unique_skiers)
             .get(&(resort, season, day))
             .copied()
             .unwrap_or(0)
+    }
+
+    pub fn seasons_with_rides(&self, resort: u16) -> Vec<u16> {
+        (self.counts().ride_seasons)
+            .get(&resort)
+            .map(|seasons| seasons.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Calls `each` with the day and ride of every ride under `prefix` (of a [`RideKey`]), in key order.
+    fn scan(&self, prefix: &[u8], mut each: impl FnMut(u16, DayRide)) -> Result<(), StoreError> {
+        for entry in self.rides.prefix(prefix) {
+            let (key, value) = entry.into_inner()?;
+            let (day, ride) = decode_ride(&key, &value)?;
+            each(day, ride);
+        }
+        Ok(())
+    }
+
+    /// The rides of `skier` on one day, over every resort, in journal order; empty if none.
+    pub fn lifts(&self, skier: u32, season: u16, day: u16) -> Result<Vec<DayRide>, StoreError> {
+        let mut rides = Vec::new();
+        self.scan(&day_prefix(skier, season, day), |_, ride| rides.push(ride))?;
+        Ok(rides)
+    }
+
+    /// Vertical of `skier` at `resort` on one day; `None` without a ride there that day.
+    pub fn day_vertical(
+        &self,
+        resort: u16,
+        season: u16,
+        day: u16,
+        skier: u32,
+    ) -> Result<Option<u64>, StoreError> {
+        let rides = self.lifts(skier, season, day)?;
+        let mut at_resort = rides.iter().filter(|r| r.resort == resort).peekable();
+        Ok(at_resort
+            .peek()
+            .is_some()
+            .then(|| at_resort.map(|r| vertical_of(r.lift)).sum()))
+    }
+
+    /// The days `skier` skied in `season`, in day order.
+    pub fn days_skied(&self, skier: u32, season: u16) -> Result<Vec<DaySummary>, StoreError> {
+        let mut days: Vec<DaySummary> = Vec::new();
+        let prefix = &day_prefix(skier, season, 0)[..6];
+        self.scan(prefix, |day, ride| {
+            if days.last().is_none_or(|last| last.day != day) {
+                days.push(DaySummary {
+                    day,
+                    rides: 0,
+                    vertical: 0,
+                });
+            }
+            let summary = days.last_mut().expect("pushed above");
+            summary.rides += 1;
+            summary.vertical += vertical_of(ride.lift);
+        })?;
+        Ok(days)
     }
 
     /// Total vertical of `skier` at `resort` per season with rides there, limited to `seasons` when
@@ -109,101 +308,172 @@ impl RideModel {
         skier: u32,
         resort: u16,
         seasons: Option<&[u16]>,
-    ) -> Vec<(u16, u64)> {
+    ) -> Result<Vec<(u16, u64)>, StoreError> {
         let mut totals: BTreeMap<u16, u64> = BTreeMap::new();
-        for (&(_, season, _), rides) in self.days.range((skier, 0, 0)..=(skier, u16::MAX, u16::MAX))
-        {
-            if seasons.is_some_and(|wanted| !wanted.contains(&season)) {
-                continue;
-            }
-            for ride in rides.iter().filter(|r| r.resort == resort) {
+        for entry in self.rides.prefix(skier.to_be_bytes()) {
+            let (key, value) = entry.into_inner()?;
+            let (_, ride) = decode_ride(&key, &value)?;
+            let season = be_u16(&key[4..6]);
+            if ride.resort == resort && seasons.is_none_or(|wanted| wanted.contains(&season)) {
                 *totals.entry(season).or_default() += vertical_of(ride.lift);
             }
         }
-        totals.into_iter().collect()
+        Ok(totals.into_iter().collect())
+    }
+}
+
+/// The projection: the one writer of the store.
+pub struct RideProjection {
+    store: Arc<RideStore>,
+    /// Per partition, the next LSN the store does not hold once the pending rides are written.
+    next: Vec<Lsn>,
+    /// `next` moved since the last flush.
+    next_moved: bool,
+    pending_rides: Vec<(RideKey, RideValue)>,
+    pending_visits: Vec<(VisitKey, ResortDay)>,
+}
+
+impl RideProjection {
+    pub fn new(store: Arc<RideStore>) -> Result<Self, StoreError> {
+        Ok(Self {
+            next: store.applied()?,
+            store,
+            next_moved: false,
+            pending_rides: Vec::new(),
+            pending_visits: Vec::new(),
+        })
     }
 
-    pub fn seasons_with_rides(&self, resort: u16) -> impl Iterator<Item = u16> + '_ {
-        self.ride_seasons
-            .get(&resort)
-            .into_iter()
-            .flatten()
-            .copied()
+    fn stage(&mut self, ride: &Ride, lsn: Lsn) {
+        self.pending_rides.push((
+            ride_key(ride.skier, ride.season, ride.day, lsn),
+            ride_value(ride),
+        ));
+        self.pending_visits
+            .push((visit_key(ride), (ride.resort, ride.season, ride.day)));
     }
 
-    /// Writes the rides; the indexes are rebuilt from them on restore.
-    pub fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
-        out.write_u64_le(self.days.len() as u64)?;
-        for (&(skier, season, day), rides) in &self.days {
-            out.write_u32_le(skier)?;
-            out.write_u16_le(season)?;
-            out.write_u16_le(day)?;
-            out.write_u32_le(rides.len() as u32)?;
-            for ride in rides {
-                out.write_u16_le(ride.resort)?;
-                out.write_u16_le(ride.time)?;
-                out.write_u16_le(ride.lift)?;
-            }
+    /// Writes the pending rides, the visits new among them, the counts they change and the positions
+    /// reached, in one write.
+    fn write_pending(&mut self) -> Result<(), StoreError> {
+        if !self.next_moved {
+            assert!(self.pending_rides.is_empty(), "a ride moves a position");
+            return Ok(());
         }
+        let store = &self.store;
+        let mut batch = store.db.batch();
+        for (key, value) in &self.pending_rides {
+            batch.insert(&store.rides, *key, *value);
+        }
+        // Counted here rather than at apply: a skier's first rides of a day arrive together.
+        self.pending_visits.sort_unstable();
+        self.pending_visits.dedup();
+        let mut counts = store.counts.write().expect("never poisoned");
+        for (visit, resort_day) in &self.pending_visits {
+            if store.visits.contains_key(visit)? {
+                continue;
+            }
+            batch.insert(&store.visits, *visit, []);
+            let skiers = counts.add_skier(*resort_day);
+            let count_key = [DAY_PREFIX, &resort_day_bytes(*resort_day)].concat();
+            batch.insert(&store.meta, count_key, skiers.to_le_bytes());
+        }
+        counts.rides += self.pending_rides.len() as u64;
+        batch.insert(&store.meta, RIDES_KEY, counts.rides.to_le_bytes());
+        let next: Vec<u8> = self.next.iter().flat_map(|lsn| lsn.to_le_bytes()).collect();
+        batch.insert(&store.meta, APPLIED_KEY, next);
+        // Under the counts' lock, so a reader sees counts and rides of the same flush.
+        batch.commit()?;
+        drop(counts);
+        self.pending_rides.clear();
+        self.pending_visits.clear();
+        self.next_moved = false;
         Ok(())
     }
 
-    pub fn restore(input: &mut dyn io::Read) -> io::Result<Self> {
-        let mut model = Self::default();
+    /// Writes the rides of a checkpoint from before the store, which covered each partition's records
+    /// below `positions`, unless an earlier start-up did. A day's rides are keyed by their order in it:
+    /// a partition's later LSNs are all at or above its position, which is above that order.
+    fn import(&mut self, input: &mut dyn io::Read, positions: &[Lsn]) -> io::Result<()> {
+        let done = (positions.iter().enumerate())
+            .all(|(p, position)| self.next.get(p).is_some_and(|next| next >= position));
         for _ in 0..input.read_u64_le()? {
-            let skier = input.read_u32_le()?;
-            let season = input.read_u16_le()?;
-            let day = input.read_u16_le()?;
-            for _ in 0..input.read_u32_le()? {
-                model.apply(&Ride {
+            let (skier, season, day) = (
+                input.read_u32_le()?,
+                input.read_u16_le()?,
+                input.read_u16_le()?,
+            );
+            for order in 0..input.read_u32_le()? {
+                let ride = Ride {
                     resort: input.read_u16_le()?,
                     season,
                     day,
                     skier,
                     time: input.read_u16_le()?,
                     lift: input.read_u16_le()?,
-                });
+                };
+                if !done {
+                    self.stage(&ride, Lsn::from(order));
+                }
             }
         }
-        Ok(model)
-    }
-}
-
-/// Shared between the projection thread (the one writer) and the query handlers.
-pub type SharedModel = Arc<RwLock<RideModel>>;
-
-pub struct RideProjection {
-    model: SharedModel,
-}
-
-impl RideProjection {
-    pub fn new(model: SharedModel) -> Self {
-        Self { model }
+        if !done {
+            self.next = positions.to_vec();
+            self.next_moved = true;
+            self.write_pending().map_err(io::Error::other)?;
+        }
+        Ok(())
     }
 }
 
 impl Projection for RideProjection {
-    fn apply(&mut self, _partition: PartitionId, _lsn: Lsn, _timestamp_ms: u64, event: &[u8]) {
+    fn apply(&mut self, partition: PartitionId, lsn: Lsn, _timestamp_ms: u64, event: &[u8]) {
+        let p = usize::from(partition);
+        if self.next.len() <= p {
+            self.next.resize(p + 1, 0);
+        }
+        if lsn < self.next[p] {
+            return; // The store holds it: written before a crash that the checkpoint predates.
+        }
         let ride = Ride::decode_event(event).expect("ski emits only the ride commands it decoded");
-        self.model
-            .write()
-            .expect("the ride model lock is never poisoned")
-            .apply(&ride);
+        self.stage(&ride, lsn);
+        self.next[p] = lsn + 1;
+        self.next_moved = true;
+        if self.pending_rides.len() >= PENDING_MAX {
+            self.flush();
+        }
     }
 
+    fn flush(&mut self) {
+        // The read model cannot go on without its store, nor skip what it failed to write.
+        self.write_pending()
+            .unwrap_or_else(|error| panic!("{error}"));
+    }
+
+    /// The store holds the rides: persist it, so that it is never behind the checkpoint.
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
-        self.model
-            .read()
-            .expect("the ride model lock is never poisoned")
-            .write_snapshot(out)
+        assert!(!self.next_moved, "a checkpoint follows a flush");
+        (self.store.db)
+            .persist(fjall::PersistMode::SyncAll)
+            .map_err(io::Error::other)?;
+        out.write_all(&STORE_CHECKPOINT.to_le_bytes())
     }
 
-    fn restore(&mut self, input: &mut dyn io::Read) -> io::Result<()> {
-        let restored = RideModel::restore(input)?;
-        *self
-            .model
-            .write()
-            .expect("the ride model lock is never poisoned") = restored;
+    fn restore(&mut self, input: &mut dyn io::Read, positions: &[Lsn]) -> io::Result<()> {
+        let mut marker = [0; 8];
+        input.read_exact(&mut marker)?;
+        if u64::from_le_bytes(marker) != STORE_CHECKPOINT {
+            return self.import(&mut io::Read::chain(marker.as_slice(), input), positions);
+        }
+        for (partition, position) in positions.iter().enumerate() {
+            let held = self.next.get(partition).copied().unwrap_or(0);
+            if held < *position {
+                return Err(io::Error::other(format!(
+                    "the ski read model's store holds partition {partition}'s rides below LSN {held}, \
+                     behind its checkpoint's {position}: it is not the store this checkpoint was written with"
+                )));
+            }
+        }
         Ok(())
     }
 }
@@ -213,8 +483,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn rides() -> impl Strategy<Value = Vec<Ride>> {
-        // Small ranges, so skiers, days and resorts repeat.
+    fn rides() -> impl Strategy<Value = Vec<(Ride, bool)>> {
+        // Small ranges, so skiers, days and resorts repeat; the flag flushes after the ride.
         let ride = (
             1u16..4,
             2020u16..2023,
@@ -222,78 +492,254 @@ mod tests {
             1u32..6,
             1u16..361,
             1u16..41,
+            any::<bool>(),
         )
-            .prop_map(|(resort, season, day, skier, time, lift)| Ride {
-                resort,
-                season,
-                day,
-                skier,
-                time,
-                lift,
+            .prop_map(|(resort, season, day, skier, time, lift, flush)| {
+                let ride = Ride {
+                    resort,
+                    season,
+                    day,
+                    skier,
+                    time,
+                    lift,
+                };
+                (ride, flush)
             });
         proptest::collection::vec(ride, 0..300)
     }
 
-    proptest! {
-        #[test]
-        fn every_answer_is_what_the_rides_imply(rides in rides()) {
-            let mut model = RideModel::default();
-            for ride in &rides {
-                model.apply(ride);
+    /// A skier's partition, as the engine routes rides by skier.
+    fn partition_of(ride: &Ride) -> PartitionId {
+        (ride.skier % 2) as PartitionId
+    }
+
+    fn event(ride: &Ride) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        ride.encode_into(&mut bytes);
+        bytes
+    }
+
+    /// Applies `rides` as partitions 0 and 1 would journal them, each at the LSN after its
+    /// partition's last, flushing where each ride says.
+    fn apply_all(projection: &mut RideProjection, rides: &[(Ride, bool)]) {
+        let mut next = [0; 2];
+        for (ride, flush) in rides {
+            let partition = partition_of(ride);
+            let lsn = &mut next[usize::from(partition)];
+            projection.apply(partition, *lsn, 0, &event(ride));
+            *lsn += 1;
+            if *flush {
+                projection.flush();
             }
-            prop_assert_eq!(model.ride_count(), rides.len() as u64);
-            for resort in 1..4 {
-                for season in 2020..2023 {
-                    for day in 1..5 {
-                        let skiers: BTreeSet<u32> = rides.iter()
-                            .filter(|r| (r.resort, r.season, r.day) == (resort, season, day))
-                            .map(|r| r.skier).collect();
-                        prop_assert_eq!(model.unique_skiers(resort, season, day), skiers.len() as u32);
-                        for skier in 1..6 {
-                            let there: Vec<&Ride> = rides.iter()
-                                .filter(|r| (r.resort, r.season, r.day, r.skier) == (resort, season, day, skier))
-                                .collect();
-                            let expected = (!there.is_empty())
-                                .then(|| there.iter().map(|r| vertical_of(r.lift)).sum());
-                            prop_assert_eq!(model.day_vertical(resort, season, day, skier), expected);
-                        }
-                    }
-                    let seen = rides.iter().any(|r| (r.resort, r.season) == (resort, season));
-                    prop_assert_eq!(model.seasons_with_rides(resort).any(|s| s == season), seen);
-                }
-            }
-            for skier in 1..6 {
-                for season in 2020..2023 {
-                    let mine: Vec<&Ride> = rides.iter().filter(|r| (r.skier, r.season) == (skier, season)).collect();
-                    let days: BTreeSet<u16> = mine.iter().map(|r| r.day).collect();
-                    let summaries = model.days_skied(skier, season);
-                    prop_assert_eq!(summaries.iter().map(|s| s.day).collect::<Vec<_>>(), days.iter().copied().collect::<Vec<_>>());
-                    for summary in &summaries {
-                        let that_day: Vec<&&Ride> = mine.iter().filter(|r| r.day == summary.day).collect();
-                        prop_assert_eq!(summary.rides as usize, that_day.len());
-                        prop_assert_eq!(summary.vertical, that_day.iter().map(|r| vertical_of(r.lift)).sum::<u64>());
-                        let lifts: Vec<(u16, u16, u16)> = that_day.iter().map(|r| (r.resort, r.time, r.lift)).collect();
-                        let stored: Vec<(u16, u16, u16)> = model.lifts(skier, season, summary.day).unwrap()
-                            .iter().map(|r| (r.resort, r.time, r.lift)).collect();
-                        prop_assert_eq!(stored, lifts);
-                    }
-                }
-                for resort in 1..4 {
-                    let mut expected: BTreeMap<u16, u64> = BTreeMap::new();
-                    for r in rides.iter().filter(|r| (r.skier, r.resort) == (skier, resort)) {
-                        *expected.entry(r.season).or_default() += vertical_of(r.lift);
-                    }
-                    prop_assert_eq!(model.season_verticals(skier, resort, None), expected.clone().into_iter().collect::<Vec<_>>());
-                    let only_2021: Vec<(u16, u64)> = expected.into_iter().filter(|(s, _)| *s == 2021).collect();
-                    prop_assert_eq!(model.season_verticals(skier, resort, Some(&[2021])), only_2021);
-                }
-            }
-            let mut bytes = Vec::new();
-            model.write_snapshot(&mut bytes).unwrap();
-            bytes.push(0xAB);
-            let mut input = &bytes[..];
-            prop_assert_eq!(RideModel::restore(&mut input).unwrap(), model);
-            prop_assert_eq!(input, &[0xAB][..]);
         }
+        projection.flush();
+    }
+
+    fn open(dir: &Path) -> RideProjection {
+        RideProjection::new(RideStore::open(dir).unwrap()).unwrap()
+    }
+
+    fn check_answers(store: &RideStore, rides: &[Ride]) -> Result<(), TestCaseError> {
+        prop_assert_eq!(store.ride_count(), rides.len() as u64);
+        for resort in 1..4 {
+            for season in 2020..2023 {
+                for day in 1..5 {
+                    let skiers: BTreeSet<u32> = rides
+                        .iter()
+                        .filter(|r| (r.resort, r.season, r.day) == (resort, season, day))
+                        .map(|r| r.skier)
+                        .collect();
+                    prop_assert_eq!(
+                        store.unique_skiers(resort, season, day),
+                        skiers.len() as u32
+                    );
+                    for skier in 1..6 {
+                        let there: Vec<&Ride> = (rides.iter())
+                            .filter(|r| {
+                                (r.resort, r.season, r.day, r.skier) == (resort, season, day, skier)
+                            })
+                            .collect();
+                        let expected = (!there.is_empty())
+                            .then(|| there.iter().map(|r| vertical_of(r.lift)).sum());
+                        prop_assert_eq!(
+                            store.day_vertical(resort, season, day, skier).unwrap(),
+                            expected
+                        );
+                    }
+                }
+                let seen = rides
+                    .iter()
+                    .any(|r| (r.resort, r.season) == (resort, season));
+                prop_assert_eq!(store.seasons_with_rides(resort).contains(&season), seen);
+            }
+        }
+        for skier in 1..6 {
+            for season in 2020..2023 {
+                let mine: Vec<&Ride> = (rides.iter())
+                    .filter(|r| (r.skier, r.season) == (skier, season))
+                    .collect();
+                let days: BTreeSet<u16> = mine.iter().map(|r| r.day).collect();
+                let summaries = store.days_skied(skier, season).unwrap();
+                prop_assert_eq!(
+                    summaries.iter().map(|s| s.day).collect::<Vec<_>>(),
+                    days.iter().copied().collect::<Vec<_>>()
+                );
+                for day in 1..5 {
+                    let that_day: Vec<DayRide> = (mine.iter())
+                        .filter(|r| r.day == day)
+                        .map(|r| DayRide {
+                            resort: r.resort,
+                            time: r.time,
+                            lift: r.lift,
+                        })
+                        .collect();
+                    if let Some(summary) = summaries.iter().find(|s| s.day == day) {
+                        prop_assert_eq!(summary.rides as usize, that_day.len());
+                        let vertical = that_day.iter().map(|r| vertical_of(r.lift)).sum::<u64>();
+                        prop_assert_eq!(summary.vertical, vertical);
+                    }
+                    prop_assert_eq!(store.lifts(skier, season, day).unwrap(), that_day);
+                }
+            }
+            for resort in 1..4 {
+                let mut expected: BTreeMap<u16, u64> = BTreeMap::new();
+                for r in rides
+                    .iter()
+                    .filter(|r| (r.skier, r.resort) == (skier, resort))
+                {
+                    *expected.entry(r.season).or_default() += vertical_of(r.lift);
+                }
+                prop_assert_eq!(
+                    store.season_verticals(skier, resort, None).unwrap(),
+                    expected.clone().into_iter().collect::<Vec<_>>()
+                );
+                let only_2021: Vec<(u16, u64)> =
+                    expected.into_iter().filter(|(s, _)| *s == 2021).collect();
+                prop_assert_eq!(
+                    store
+                        .season_verticals(skier, resort, Some(&[2021]))
+                        .unwrap(),
+                    only_2021
+                );
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn every_answer_is_what_the_rides_imply_before_and_after_a_restart(rides in rides()) {
+            let dir = tempfile::tempdir().unwrap();
+            let mut projection = open(dir.path());
+            apply_all(&mut projection, &rides);
+            let plain: Vec<Ride> = rides.iter().map(|(ride, _)| *ride).collect();
+            check_answers(&projection.store, &plain)?;
+            drop(projection);
+
+            // A restart replays the journal from an older checkpoint (here: from the start); the
+            // store already holds every ride, so each counts once.
+            let mut restarted = open(dir.path());
+            apply_all(&mut restarted, &rides);
+            check_answers(&restarted.store, &plain)?;
+        }
+    }
+
+    fn checkpoint(projection: &mut RideProjection) -> Vec<u8> {
+        projection.flush();
+        let mut bytes = Vec::new();
+        projection.write_snapshot(&mut bytes).unwrap();
+        bytes
+    }
+
+    #[test]
+    fn a_store_behind_its_checkpoint_is_refused() {
+        let ride = Ride {
+            resort: 1,
+            season: 2022,
+            day: 1,
+            skier: 8,
+            time: 10,
+            lift: 4,
+        };
+        let (written, lost) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut projection = open(written.path());
+        projection.apply(0, 0, 0, &event(&ride));
+        let bytes = checkpoint(&mut projection);
+        projection.restore(&mut bytes.as_slice(), &[1]).unwrap();
+        let error = open(lost.path())
+            .restore(&mut bytes.as_slice(), &[1])
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("behind its checkpoint"),
+            "{error}"
+        );
+    }
+
+    /// (skier, season, day) and that day's rides.
+    type SkierDay = ((u32, u16, u16), Vec<DayRide>);
+
+    /// The format the checkpoint had while the rides were in memory.
+    fn checkpoint_from_before_the_store(days: &[SkierDay]) -> Vec<u8> {
+        use spate_engine::wire::WriteLe;
+        let mut out = Vec::new();
+        out.write_u64_le(days.len() as u64).unwrap();
+        for ((skier, season, day), rides) in days {
+            out.write_u32_le(*skier).unwrap();
+            out.write_u16_le(*season).unwrap();
+            out.write_u16_le(*day).unwrap();
+            out.write_u32_le(rides.len() as u32).unwrap();
+            for ride in rides {
+                out.write_u16_le(ride.resort).unwrap();
+                out.write_u16_le(ride.time).unwrap();
+                out.write_u16_le(ride.lift).unwrap();
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_checkpoint_from_before_the_store_is_imported_once_and_replay_goes_on_after_it() {
+        let ride = |resort, skier, time| DayRide {
+            resort,
+            time,
+            lift: skier as u16,
+        };
+        let old = checkpoint_from_before_the_store(&[
+            ((4, 2022, 1), vec![ride(1, 4, 30), ride(2, 4, 20)]),
+            ((5, 2022, 1), vec![ride(1, 5, 10)]),
+        ]);
+        // Skiers 4 and 5 were on partition 0, whose records below LSN 3 the checkpoint covered.
+        let positions = [3, 0];
+        let later = Ride {
+            resort: 1,
+            season: 2022,
+            day: 1,
+            skier: 4,
+            time: 5,
+            lift: 7,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        for _start in 0..2 {
+            // The second start finds the checkpoint not yet replaced and the store holding it.
+            let mut projection = open(dir.path());
+            projection.restore(&mut old.as_slice(), &positions).unwrap();
+            projection.apply(0, 3, 0, &event(&later));
+            projection.flush();
+            let store = &projection.store;
+            assert_eq!(store.ride_count(), 4);
+            assert_eq!(store.unique_skiers(1, 2022, 1), 2);
+            assert_eq!(store.unique_skiers(2, 2022, 1), 1);
+            let lifts = store.lifts(4, 2022, 1).unwrap();
+            assert_eq!(
+                lifts.iter().map(|r| r.time).collect::<Vec<_>>(),
+                [30, 20, 5]
+            );
+        }
+        let mut projection = open(dir.path());
+        let now = checkpoint(&mut projection);
+        projection.restore(&mut now.as_slice(), &[4, 0]).unwrap();
+        assert_eq!(projection.store.seasons_with_rides(2), [2022]);
     }
 }

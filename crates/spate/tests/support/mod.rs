@@ -425,3 +425,28 @@ pub fn kill_under_load<T: Sync>(
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
     });
 }
+
+/// Runs `spate serve --apps <apps>` on `dir`, which must refuse to start: its exit status and log.
+pub fn refused_start_up(dir: &Path, apps: &str) -> (std::process::ExitStatus, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spate"))
+        .args(["serve", "--apps", apps, "--listen", "127.0.0.1:0"])
+        .args(["--fraud-stream-listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let exited = eventually(Duration::from_secs(30), || {
+        child.try_wait().unwrap().is_some()
+    });
+    if !exited {
+        child.kill().unwrap();
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(exited, "the server started");
+    (
+        output.status,
+        String::from_utf8_lossy(&output.stderr).into(),
+    )
+}
