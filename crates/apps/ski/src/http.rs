@@ -137,6 +137,9 @@ impl From<EngineError> for SkiError {
 
 struct Ski {
     engine: EngineHandle,
+    /// Read in the handlers themselves: a query reads a few adjacent keys, from fjall's memtables and
+    /// block cache when recent, in microseconds; handing each read to the blocking pool cost more than
+    /// the read (queries' p99 under the POST load went from 6 to 37-66 ms, BENCHMARKS.md).
     store: Arc<RideStore>,
     config: SkiConfig,
     stats: Arc<EndpointStats>,
@@ -244,21 +247,14 @@ impl Ski {
             .chain(self.store.seasons_with_rides(resort))
             .collect())
     }
+}
 
-    /// Runs `read` against the read model's store on the blocking pool: it may wait for the disk.
-    async fn read<T: Send + 'static>(
-        &self,
-        read: impl FnOnce(&RideStore) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<T, SkiError> {
-        let store = self.store.clone();
-        let read_model_error = |error: &dyn std::fmt::Display| SkiError {
+/// The read model's store failed a read: a 500 that says so.
+impl From<StoreError> for SkiError {
+    fn from(error: StoreError) -> Self {
+        Self {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             message: error.to_string(),
-        };
-        match tokio::task::spawn_blocking(move || read(&store)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(read_model_error(&error)),
-            Err(error) => Err(read_model_error(&error)),
         }
     }
 }
@@ -345,9 +341,7 @@ async fn get_day_vertical(
     let season = ski.season("seasonID", &season)?;
     let day = ski.day(&day)?;
     let skier = ski.skier(&skier)?;
-    let vertical = ski
-        .read(move |store| store.day_vertical(resort, season, day, skier))
-        .await?;
+    let vertical = ski.store.day_vertical(resort, season, day, skier)?;
     match vertical {
         Some(vertical) => Ok(Json(vertical).into_response()),
         None => Err(SkiError::not_found(format!(
@@ -452,10 +446,8 @@ async fn get_skier_vertical(
             "give exactly one resort query parameter",
         ));
     };
-    let seasons_wanted = (!seasons.is_empty()).then_some(seasons);
-    let totals = ski
-        .read(move |store| store.season_verticals(skier, resort, seasons_wanted.as_deref()))
-        .await?;
+    let seasons_wanted = (!seasons.is_empty()).then_some(&seasons[..]);
+    let totals = ski.store.season_verticals(skier, resort, seasons_wanted)?;
     if totals.is_empty() {
         return Err(SkiError::not_found(format!(
             "no rides for skier {skier} at resort {resort} in the seasons asked for"
@@ -474,9 +466,7 @@ async fn get_days(
 ) -> Result<Response, SkiError> {
     let skier = ski.skier(&skier)?;
     let season = ski.season("seasonID", &season)?;
-    let days = ski
-        .read(move |store| store.days_skied(skier, season))
-        .await?;
+    let days = ski.store.days_skied(skier, season)?;
     let items: Vec<Value> = days
         .iter()
         .map(|d| json!({"dayID": d.day, "rides": d.rides, "vertical": d.vertical}))
@@ -497,9 +487,7 @@ async fn get_lifts(
     let skier = ski.skier(&skier)?;
     let season = ski.season("seasonID", &season)?;
     let day = ski.day(&day)?;
-    let rides = ski
-        .read(move |store| store.lifts(skier, season, day))
-        .await?;
+    let rides = ski.store.lifts(skier, season, day)?;
     if rides.is_empty() {
         return Err(SkiError::not_found(format!(
             "no rides for skier {skier} on day {day} of season {season}"

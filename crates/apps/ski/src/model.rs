@@ -8,43 +8,63 @@
 //! The rides live in a fjall database of their own ([`RideStore`], `<data dir>/ski/model`), so memory
 //! does not grow with the seasons of rides kept:
 //! - `rides`: skier, season, day, then the ride's LSN (all big-endian, so a skier's day, season or
-//!   seasons are a prefix scan in journal order) -> resort, time and lift;
-//! - `visits`: resort, season, day, skier -> nothing; a ride whose visit is new counts one more unique
-//!   skier;
-//! - `meta`: the unique skiers per resort and day, the ride count, and per partition the next LSN the
-//!   store does not hold. The counts are in memory too, with the seasons with rides per resort they
+//!   seasons are a prefix scan in journal order) -> resort, time and lift; after them (keys from 0xff)
+//!   the ride count and per partition the next LSN whose ride the store does not hold;
+//! - `visits`: resort, season, day and a chunk of 1,024 skier ids -> a bitmap of the skiers who rode
+//!   there that day; a ride whose bit was clear counts one more unique skier;
+//! - `meta`: the unique skiers per resort and day, and per partition the next LSN whose visit the
+//!   bitmaps do not hold. The counts are in memory too, with the seasons with rides per resort they
 //!   imply: one entry per resort and day skied, not per ride.
 //!
 //! Rides gather in memory and go to disk in one atomic write per [`Projection::flush`] (after each run
-//! of events, or every [`PENDING_MAX`] rides). After a crash the store may be ahead of the engine's
-//! checkpoint: a replayed ride it already holds is skipped. It is never behind: a checkpoint persists it
-//! first, and start-up refuses a store that holds less than the checkpoint covers.
+//! of events, or every [`PENDING_MAX`] rides); changed bitmaps and the counts go at each checkpoint
+//! (see `Visits`). After a crash the store may be ahead of the engine's checkpoint: a replayed ride it
+//! already holds is not written again, and a visit its bitmaps hold is not counted again. It is never
+//! behind: a checkpoint writes and persists it first, and start-up refuses a store that holds less than
+//! the checkpoint covers.
 
 use crate::command::{Ride, vertical_of};
-use spate_engine::wire::ReadLe;
+use spate_engine::wire::{ReadLe, WriteLe};
 use spate_engine::{Lsn, PartitionId, Projection};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io;
 use std::path::Path;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// The block cache: recent blocks of rides and visits.
 const CACHE_BYTES: u64 = 16 << 20;
-/// Memtables of rides, visits and meta (fjall's default is 64 MiB each).
+/// Memtables of rides, visits and meta (fjall's default is 64 MiB each). Each memtable written to disk
+/// holds up reads for an fsync (fjall persists its new version under the lock readers take), so the
+/// rides' is large and what a flush writes besides rides is in it; `visits` and `meta` change only at
+/// checkpoints.
 const MEMTABLE_BYTES: [u64; 3] = [16 << 20, 8 << 20, 1 << 20];
-const APPLIED_KEY: &[u8] = b"applied";
-const RIDES_KEY: &[u8] = b"rides";
+/// fjall's journal, at most (its least): past it fjall writes the memtables that hold it back, which
+/// `meta`'s, written only at checkpoints, would otherwise do for ever; a start-up replays it all.
+const JOURNAL_BYTES_MAX: u64 = 64 << 20;
+/// In `rides`, written with them by every flush: each partition's next LSN, and the ride count. A
+/// skier id is at most `i32::MAX`, so no ride's key begins with 0xff.
+const APPLIED_KEY: &[u8] = b"\xffapplied";
+const RIDES_KEY: &[u8] = b"\xffrides";
 /// Followed by resort, season and day: that day's unique skiers.
 const DAY_PREFIX: &[u8] = b"day/";
 /// Rides applied and not yet written, at most: a replay at start-up writes every so many.
 const PENDING_MAX: usize = 16_384;
+/// Skiers per chunk of a day's visits (see `Visits`): a bitmap of 128 bytes.
+const SKIERS_PER_CHUNK: u32 = 1024;
+const CHUNK_WORDS: usize = (SKIERS_PER_CHUNK / 64) as usize;
+/// Unchanged chunks kept in memory, at most (about 11 MiB): the case study's 100,000 skiers at 10
+/// resorts are 980 chunks a day.
+const CLEAN_CHUNKS_MAX: usize = 1 << 16;
+const VISITS_APPLIED_KEY: &[u8] = b"visits applied";
 /// What a checkpoint holds now that the store holds the rides. A checkpoint from before the store
 /// began with the number of (skier, season, day) entries that followed, which is never this.
 const STORE_CHECKPOINT: u64 = u64::MAX;
 
 type RideKey = [u8; 16];
 type RideValue = [u8; 6];
-type VisitKey = [u8; 10];
+/// Resort, season, day, then the skier divided by `SKIERS_PER_CHUNK`.
+type ChunkKey = [u8; 10];
 /// (resort, season, day)
 type ResortDay = (u16, u16, u16);
 
@@ -82,11 +102,9 @@ struct Counts {
 }
 
 impl Counts {
-    fn add_skier(&mut self, (resort, season, day): ResortDay) -> u32 {
+    fn add_skier(&mut self, (resort, season, day): ResortDay) {
         self.ride_seasons.entry(resort).or_default().insert(season);
-        let skiers = self.unique_skiers.entry((resort, season, day)).or_default();
-        *skiers += 1;
-        *skiers
+        *self.unique_skiers.entry((resort, season, day)).or_default() += 1;
     }
 }
 
@@ -113,10 +131,10 @@ fn ride_value(ride: &Ride) -> RideValue {
     value
 }
 
-fn visit_key(ride: &Ride) -> VisitKey {
+fn chunk_key(ride: &Ride) -> ChunkKey {
     let mut key = [0; 10];
     key[..6].copy_from_slice(&resort_day_bytes((ride.resort, ride.season, ride.day)));
-    key[6..].copy_from_slice(&ride.skier.to_be_bytes());
+    key[6..].copy_from_slice(&(ride.skier / SKIERS_PER_CHUNK).to_be_bytes());
     key
 }
 
@@ -145,7 +163,9 @@ fn decode_ride(key: &[u8], value: &[u8]) -> Result<(u16, DayRide), StoreError> {
     Ok((be_u16(&key[6..8]), ride))
 }
 
-fn decode_positions(bytes: &[u8]) -> Result<Vec<Lsn>, StoreError> {
+/// Positions as `encode_positions` wrote them; none if nothing was written.
+fn decode_positions(bytes: Option<&[u8]>) -> Result<Vec<Lsn>, StoreError> {
+    let bytes = bytes.unwrap_or_default();
     if !bytes.len().is_multiple_of(8) {
         return Err(StoreError::Damaged("list of positions"));
     }
@@ -174,6 +194,7 @@ impl RideStore {
             .cache_size(CACHE_BYTES)
             .worker_threads(1)
             .manual_journal_persist(true)
+            .max_journaling_size(JOURNAL_BYTES_MAX)
             .open()?;
         let keyspace = |name: &str, memtable_bytes: u64| {
             db.keyspace(name, || {
@@ -187,7 +208,7 @@ impl RideStore {
             keyspace("meta", meta_memtable)?,
         );
         let mut counts = Counts::default();
-        if let Some(bytes) = meta.get(RIDES_KEY)? {
+        if let Some(bytes) = rides.get(RIDES_KEY)? {
             let bytes = bytes.as_ref().try_into();
             counts.rides =
                 u64::from_le_bytes(bytes.map_err(|_| StoreError::Damaged("ride count"))?);
@@ -217,12 +238,14 @@ impl RideStore {
         }))
     }
 
-    /// Per partition, the next LSN the store does not hold.
-    fn applied(&self) -> Result<Vec<Lsn>, StoreError> {
-        match self.meta.get(APPLIED_KEY)? {
-            Some(bytes) => decode_positions(&bytes),
-            None => Ok(Vec::new()),
-        }
+    /// Per partition, the next LSN whose ride the store does not hold.
+    fn rides_applied(&self) -> Result<Vec<Lsn>, StoreError> {
+        decode_positions(self.rides.get(APPLIED_KEY)?.as_deref())
+    }
+
+    /// Per partition, the next LSN whose visit the store's bitmaps do not hold.
+    fn visits_applied(&self) -> Result<Vec<Lsn>, StoreError> {
+        decode_positions(self.meta.get(VISITS_APPLIED_KEY)?.as_deref())
     }
 
     fn counts(&self) -> std::sync::RwLockReadGuard<'_, Counts> {
@@ -322,6 +345,114 @@ impl RideStore {
     }
 }
 
+/// Which skiers rode at each resort on each day: bitmaps of [`SKIERS_PER_CHUNK`] skiers, so that a
+/// ride's visit is new when its bit was clear. A changed chunk stays in memory until the next checkpoint
+/// writes it, with the counts and the positions it covers, in one write: a store insert per new visit
+/// cost about as much as storing the ride (measured), and a bitmap is idempotent, so a replay after a
+/// crash sets again what the last checkpoint did not write.
+struct Visits {
+    chunks: HashMap<ChunkKey, Chunk>,
+    /// Chunks in `chunks` that the store holds as they are; dropped all at once past `clean_max`.
+    clean: usize,
+    clean_max: usize,
+    /// Per partition, the next LSN whose visit the chunks do not hold.
+    next: Vec<Lsn>,
+    /// Resorts and days with a new visit since the last write.
+    changed_days: HashSet<ResortDay>,
+}
+
+struct Chunk {
+    bits: Box<[u64; CHUNK_WORDS]>,
+    dirty: bool,
+}
+
+impl Visits {
+    /// Records `ride`'s visit; true if it is the skier's first ride at that resort that day.
+    fn visit(&mut self, store: &RideStore, ride: &Ride) -> Result<bool, StoreError> {
+        let chunk = match self.chunks.entry(chunk_key(ride)) {
+            Entry::Occupied(cached) => cached.into_mut(),
+            Entry::Vacant(missing) => {
+                let mut bits = Box::new([0; CHUNK_WORDS]);
+                if let Some(stored) = store.visits.get(missing.key())? {
+                    if stored.len() != CHUNK_WORDS * 8 {
+                        return Err(StoreError::Damaged("bitmap of visits"));
+                    }
+                    for (word, bytes) in bits.iter_mut().zip(stored.chunks_exact(8)) {
+                        *word = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
+                    }
+                }
+                self.clean += 1;
+                missing.insert(Chunk { bits, dirty: false })
+            }
+        };
+        let offset = ride.skier % SKIERS_PER_CHUNK;
+        let (word, mask) = ((offset / 64) as usize, 1u64 << (offset % 64));
+        let new = chunk.bits[word] & mask == 0;
+        if new {
+            chunk.bits[word] |= mask;
+            self.changed_days
+                .insert((ride.resort, ride.season, ride.day));
+            if !chunk.dirty {
+                chunk.dirty = true;
+                self.clean -= 1;
+            }
+        }
+        if self.clean > self.clean_max {
+            self.chunks.retain(|_, chunk| chunk.dirty);
+            self.clean = 0;
+        }
+        Ok(new)
+    }
+
+    /// Writes the changed chunks, the counts of their days (which must count exactly their visits) and
+    /// the positions they cover, in one write.
+    fn write(&mut self, store: &RideStore) -> Result<(), StoreError> {
+        let mut batch = store.db.batch();
+        for (key, chunk) in &mut self.chunks {
+            if chunk.dirty {
+                let bytes: Vec<u8> = chunk.bits.iter().flat_map(|w| w.to_le_bytes()).collect();
+                batch.insert(&store.visits, *key, bytes);
+                chunk.dirty = false;
+                self.clean += 1;
+            }
+        }
+        let counts = store.counts();
+        for day in self.changed_days.drain() {
+            let count_key = [DAY_PREFIX, &resort_day_bytes(day)].concat();
+            batch.insert(
+                &store.meta,
+                count_key,
+                counts.unique_skiers[&day].to_le_bytes(),
+            );
+        }
+        drop(counts);
+        batch.insert(
+            &store.meta,
+            VISITS_APPLIED_KEY,
+            encode_positions(&self.next),
+        );
+        batch.commit()?;
+        if self.clean > self.clean_max {
+            self.chunks.clear();
+            self.clean = 0;
+        }
+        Ok(())
+    }
+}
+
+fn encode_positions(positions: &[Lsn]) -> Vec<u8> {
+    positions.iter().flat_map(|lsn| lsn.to_le_bytes()).collect()
+}
+
+/// Grows `positions` to hold `partition`'s.
+fn position_of(positions: &mut Vec<Lsn>, partition: PartitionId) -> &mut Lsn {
+    let p = usize::from(partition);
+    if positions.len() <= p {
+        positions.resize(p + 1, 0);
+    }
+    &mut positions[p]
+}
+
 /// The projection: the one writer of the store.
 pub struct RideProjection {
     store: Arc<RideStore>,
@@ -330,64 +461,87 @@ pub struct RideProjection {
     /// `next` moved since the last flush.
     next_moved: bool,
     pending_rides: Vec<(RideKey, RideValue)>,
-    pending_visits: Vec<(VisitKey, ResortDay)>,
+    /// The days of the visits found new since the last flush, one entry per visit.
+    pending_new_visits: Vec<ResortDay>,
+    /// Behind a lock only because a checkpoint (`write_snapshot`) writes it through `&self`.
+    visits: Mutex<Visits>,
 }
 
 impl RideProjection {
     pub fn new(store: Arc<RideStore>) -> Result<Self, StoreError> {
+        let visits = Visits {
+            chunks: HashMap::new(),
+            clean: 0,
+            clean_max: CLEAN_CHUNKS_MAX,
+            next: store.visits_applied()?,
+            changed_days: HashSet::new(),
+        };
         Ok(Self {
-            next: store.applied()?,
+            next: store.rides_applied()?,
             store,
             next_moved: false,
             pending_rides: Vec::new(),
-            pending_visits: Vec::new(),
+            pending_new_visits: Vec::new(),
+            visits: Mutex::new(visits),
         })
     }
 
-    fn stage(&mut self, ride: &Ride, lsn: Lsn) {
-        self.pending_rides.push((
-            ride_key(ride.skier, ride.season, ride.day, lsn),
-            ride_value(ride),
-        ));
-        self.pending_visits
-            .push((visit_key(ride), (ride.resort, ride.season, ride.day)));
+    fn visits(&mut self) -> &mut Visits {
+        self.visits
+            .get_mut()
+            .expect("the visits' lock is never poisoned")
     }
 
-    /// Writes the pending rides, the visits new among them, the counts they change and the positions
-    /// reached, in one write.
-    fn write_pending(&mut self) -> Result<(), StoreError> {
-        if !self.next_moved {
-            assert!(self.pending_rides.is_empty(), "a ride moves a position");
-            return Ok(());
-        }
-        let store = &self.store;
-        let mut batch = store.db.batch();
-        for (key, value) in &self.pending_rides {
-            batch.insert(&store.rides, *key, *value);
-        }
-        // Counted here rather than at apply: a skier's first rides of a day arrive together.
-        self.pending_visits.sort_unstable();
-        self.pending_visits.dedup();
-        let mut counts = store.counts.write().expect("never poisoned");
-        for (visit, resort_day) in &self.pending_visits {
-            if store.visits.contains_key(visit)? {
-                continue;
+    /// Takes in the ride at `lsn` of `partition`: its visit unless the stored chunks hold it, the ride
+    /// unless the store holds it.
+    fn take(&mut self, partition: PartitionId, lsn: Lsn, ride: &Ride) -> Result<(), StoreError> {
+        let store = self.store.clone();
+        let visits = self.visits();
+        let visits_next = position_of(&mut visits.next, partition);
+        if lsn >= *visits_next {
+            *visits_next = lsn + 1;
+            if visits.visit(&store, ride)? {
+                self.pending_new_visits
+                    .push((ride.resort, ride.season, ride.day));
             }
-            batch.insert(&store.visits, *visit, []);
-            let skiers = counts.add_skier(*resort_day);
-            let count_key = [DAY_PREFIX, &resort_day_bytes(*resort_day)].concat();
-            batch.insert(&store.meta, count_key, skiers.to_le_bytes());
         }
-        counts.rides += self.pending_rides.len() as u64;
-        batch.insert(&store.meta, RIDES_KEY, counts.rides.to_le_bytes());
-        let next: Vec<u8> = self.next.iter().flat_map(|lsn| lsn.to_le_bytes()).collect();
-        batch.insert(&store.meta, APPLIED_KEY, next);
-        // Under the counts' lock, so a reader sees counts and rides of the same flush.
-        batch.commit()?;
-        drop(counts);
-        self.pending_rides.clear();
-        self.pending_visits.clear();
-        self.next_moved = false;
+        let next = position_of(&mut self.next, partition);
+        if lsn >= *next {
+            *next = lsn + 1;
+            self.next_moved = true;
+            self.pending_rides.push((
+                ride_key(ride.skier, ride.season, ride.day, lsn),
+                ride_value(ride),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Writes the pending rides, the ride count and the positions reached in one write, then counts
+    /// the new visits.
+    fn write_pending(&mut self) -> Result<(), StoreError> {
+        let store = &self.store;
+        let mut stored_rides = 0;
+        if self.next_moved {
+            let mut batch = store.db.batch();
+            for (key, value) in &self.pending_rides {
+                batch.insert(&store.rides, *key, *value);
+            }
+            stored_rides = self.pending_rides.len() as u64;
+            let rides = store.ride_count() + stored_rides;
+            batch.insert(&store.rides, RIDES_KEY, rides.to_le_bytes());
+            batch.insert(&store.rides, APPLIED_KEY, encode_positions(&self.next));
+            batch.commit()?;
+            self.pending_rides.clear();
+            self.next_moved = false;
+        }
+        assert!(self.pending_rides.is_empty(), "a ride moves a position");
+        // Counted once the rides are written, so a count never runs ahead of the rides a reader finds.
+        let mut counts = store.counts.write().expect("never poisoned");
+        counts.rides += stored_rides;
+        for day in self.pending_new_visits.drain(..) {
+            counts.add_skier(day);
+        }
         Ok(())
     }
 
@@ -397,6 +551,7 @@ impl RideProjection {
     fn import(&mut self, input: &mut dyn io::Read, positions: &[Lsn]) -> io::Result<()> {
         let done = (positions.iter().enumerate())
             .all(|(p, position)| self.next.get(p).is_some_and(|next| next >= position));
+        let store = self.store.clone();
         for _ in 0..input.read_u64_le()? {
             let (skier, season, day) = (
                 input.read_u32_le()?,
@@ -412,15 +567,28 @@ impl RideProjection {
                     time: input.read_u16_le()?,
                     lift: input.read_u16_le()?,
                 };
-                if !done {
-                    self.stage(&ride, Lsn::from(order));
+                if done {
+                    continue;
+                }
+                self.pending_rides.push((
+                    ride_key(skier, season, day, Lsn::from(order)),
+                    ride_value(&ride),
+                ));
+                if self
+                    .visits()
+                    .visit(&store, &ride)
+                    .map_err(io::Error::other)?
+                {
+                    self.pending_new_visits.push((ride.resort, season, day));
                 }
             }
         }
         if !done {
             self.next = positions.to_vec();
             self.next_moved = true;
+            self.visits().next = positions.to_vec();
             self.write_pending().map_err(io::Error::other)?;
+            self.visits().write(&store).map_err(io::Error::other)?;
         }
         Ok(())
     }
@@ -428,35 +596,41 @@ impl RideProjection {
 
 impl Projection for RideProjection {
     fn apply(&mut self, partition: PartitionId, lsn: Lsn, _timestamp_ms: u64, event: &[u8]) {
-        let p = usize::from(partition);
-        if self.next.len() <= p {
-            self.next.resize(p + 1, 0);
-        }
-        if lsn < self.next[p] {
-            return; // The store holds it: written before a crash that the checkpoint predates.
-        }
         let ride = Ride::decode_event(event).expect("ski emits only the ride commands it decoded");
-        self.stage(&ride, lsn);
-        self.next[p] = lsn + 1;
-        self.next_moved = true;
+        // The read model cannot go on without its store, nor skip what it failed to read or write.
+        self.take(partition, lsn, &ride)
+            .unwrap_or_else(|error| panic!("{error}"));
         if self.pending_rides.len() >= PENDING_MAX {
             self.flush();
         }
     }
 
     fn flush(&mut self) {
-        // The read model cannot go on without its store, nor skip what it failed to write.
         self.write_pending()
             .unwrap_or_else(|error| panic!("{error}"));
     }
 
-    /// The store holds the rides: persist it, so that it is never behind the checkpoint.
+    /// The store holds the rides: write the visits and persist it, so that it is never behind the
+    /// checkpoint, which holds the positions it covers.
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
-        assert!(!self.next_moved, "a checkpoint follows a flush");
+        assert!(
+            !self.next_moved && self.pending_new_visits.is_empty(),
+            "a checkpoint follows a flush"
+        );
+        let mut visits = self
+            .visits
+            .lock()
+            .expect("the visits' lock is never poisoned");
+        visits.write(&self.store).map_err(io::Error::other)?;
         (self.store.db)
             .persist(fjall::PersistMode::SyncAll)
             .map_err(io::Error::other)?;
-        out.write_all(&STORE_CHECKPOINT.to_le_bytes())
+        out.write_u64_le(STORE_CHECKPOINT)?;
+        out.write_u32_le(visits.next.len() as u32)?;
+        for position in &visits.next {
+            out.write_u64_le(*position)?;
+        }
+        Ok(())
     }
 
     fn restore(&mut self, input: &mut dyn io::Read, positions: &[Lsn]) -> io::Result<()> {
@@ -465,12 +639,18 @@ impl Projection for RideProjection {
         if u64::from_le_bytes(marker) != STORE_CHECKPOINT {
             return self.import(&mut io::Read::chain(marker.as_slice(), input), positions);
         }
-        for (partition, position) in positions.iter().enumerate() {
-            let held = self.next.get(partition).copied().unwrap_or(0);
-            if held < *position {
+        let visits_next = self.visits().next.clone();
+        for partition in 0..input.read_u32_le()? as usize {
+            let covered = input.read_u64_le()?;
+            let held = [&self.next, &visits_next]
+                .map(|next| next.get(partition).copied().unwrap_or(0))
+                .into_iter()
+                .min()
+                .expect("two");
+            if held < covered {
                 return Err(io::Error::other(format!(
                     "the ski read model's store holds partition {partition}'s rides below LSN {held}, \
-                     behind its checkpoint's {position}: it is not the store this checkpoint was written with"
+                     behind its checkpoint's {covered}: it is not the store this checkpoint was written with"
                 )));
             }
         }
@@ -483,18 +663,30 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn rides() -> impl Strategy<Value = Vec<(Ride, bool)>> {
-        // Small ranges, so skiers, days and resorts repeat; the flag flushes after the ride.
+    /// What follows a ride in a test: nothing, a flush, or a checkpoint.
+    #[derive(Debug, Clone, Copy)]
+    enum Then {
+        Next,
+        Flush,
+        Checkpoint,
+    }
+
+    fn rides() -> impl Strategy<Value = Vec<(Ride, Then)>> {
+        // Small ranges, so skiers, days and resorts repeat; skiers span two chunks of visits.
         let ride = (
             1u16..4,
             2020u16..2023,
             1u16..5,
-            1u32..6,
+            prop_oneof![1u32..6, Just(SKIERS_PER_CHUNK + 1)],
             1u16..361,
             1u16..41,
-            any::<bool>(),
+            prop_oneof![
+                4 => Just(Then::Next),
+                2 => Just(Then::Flush),
+                1 => Just(Then::Checkpoint),
+            ],
         )
-            .prop_map(|(resort, season, day, skier, time, lift, flush)| {
+            .prop_map(|(resort, season, day, skier, time, lift, then)| {
                 let ride = Ride {
                     resort,
                     season,
@@ -503,10 +695,13 @@ mod tests {
                     time,
                     lift,
                 };
-                (ride, flush)
+                (ride, then)
             });
         proptest::collection::vec(ride, 0..300)
     }
+
+    /// Every skier `rides` makes.
+    const SKIERS: [u32; 6] = [1, 2, 3, 4, 5, SKIERS_PER_CHUNK + 1];
 
     /// A skier's partition, as the engine routes rides by skier.
     fn partition_of(ride: &Ride) -> PartitionId {
@@ -520,16 +715,20 @@ mod tests {
     }
 
     /// Applies `rides` as partitions 0 and 1 would journal them, each at the LSN after its
-    /// partition's last, flushing where each ride says.
-    fn apply_all(projection: &mut RideProjection, rides: &[(Ride, bool)]) {
+    /// partition's last, flushing and checkpointing where each ride says.
+    fn apply_all(projection: &mut RideProjection, rides: &[(Ride, Then)]) {
         let mut next = [0; 2];
-        for (ride, flush) in rides {
+        for (ride, then) in rides {
             let partition = partition_of(ride);
             let lsn = &mut next[usize::from(partition)];
             projection.apply(partition, *lsn, 0, &event(ride));
             *lsn += 1;
-            if *flush {
-                projection.flush();
+            match then {
+                Then::Next => {}
+                Then::Flush => projection.flush(),
+                Then::Checkpoint => {
+                    checkpoint(projection);
+                }
             }
         }
         projection.flush();
@@ -537,6 +736,13 @@ mod tests {
 
     fn open(dir: &Path) -> RideProjection {
         RideProjection::new(RideStore::open(dir).unwrap()).unwrap()
+    }
+
+    /// With room for only `chunks_max` unchanged chunks of visits: they are dropped and read again.
+    fn open_with_clean_chunks(dir: &Path, chunks_max: usize) -> RideProjection {
+        let mut projection = open(dir);
+        projection.visits().clean_max = chunks_max;
+        projection
     }
 
     fn check_answers(store: &RideStore, rides: &[Ride]) -> Result<(), TestCaseError> {
@@ -553,7 +759,7 @@ mod tests {
                         store.unique_skiers(resort, season, day),
                         skiers.len() as u32
                     );
-                    for skier in 1..6 {
+                    for skier in SKIERS {
                         let there: Vec<&Ride> = (rides.iter())
                             .filter(|r| {
                                 (r.resort, r.season, r.day, r.skier) == (resort, season, day, skier)
@@ -573,7 +779,7 @@ mod tests {
                 prop_assert_eq!(store.seasons_with_rides(resort).contains(&season), seen);
             }
         }
-        for skier in 1..6 {
+        for skier in SKIERS {
             for season in 2020..2023 {
                 let mine: Vec<&Ride> = (rides.iter())
                     .filter(|r| (r.skier, r.season) == (skier, season))
@@ -630,17 +836,21 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(64))]
 
         #[test]
-        fn every_answer_is_what_the_rides_imply_before_and_after_a_restart(rides in rides()) {
+        fn every_answer_is_what_the_rides_imply_before_and_after_a_restart(
+            rides in rides(),
+            clean_chunks in 0usize..4,
+        ) {
             let dir = tempfile::tempdir().unwrap();
-            let mut projection = open(dir.path());
+            let mut projection = open_with_clean_chunks(dir.path(), clean_chunks);
             apply_all(&mut projection, &rides);
             let plain: Vec<Ride> = rides.iter().map(|(ride, _)| *ride).collect();
             check_answers(&projection.store, &plain)?;
             drop(projection);
 
             // A restart replays the journal from an older checkpoint (here: from the start); the
-            // store already holds every ride, so each counts once.
-            let mut restarted = open(dir.path());
+            // store already holds every ride and the visits of the last checkpoint, so each counts
+            // once.
+            let mut restarted = open_with_clean_chunks(dir.path(), clean_chunks);
             apply_all(&mut restarted, &rides);
             check_answers(&restarted.store, &plain)?;
         }
@@ -667,9 +877,10 @@ mod tests {
         let mut projection = open(written.path());
         projection.apply(0, 0, 0, &event(&ride));
         let bytes = checkpoint(&mut projection);
-        projection.restore(&mut bytes.as_slice(), &[1]).unwrap();
+        // The engine's position may be past other apps' records, which the store never sees.
+        projection.restore(&mut bytes.as_slice(), &[5]).unwrap();
         let error = open(lost.path())
-            .restore(&mut bytes.as_slice(), &[1])
+            .restore(&mut bytes.as_slice(), &[5])
             .unwrap_err();
         assert!(
             error.to_string().contains("behind its checkpoint"),
@@ -682,7 +893,6 @@ mod tests {
 
     /// The format the checkpoint had while the rides were in memory.
     fn checkpoint_from_before_the_store(days: &[SkierDay]) -> Vec<u8> {
-        use spate_engine::wire::WriteLe;
         let mut out = Vec::new();
         out.write_u64_le(days.len() as u64).unwrap();
         for ((skier, season, day), rides) in days {
