@@ -35,9 +35,9 @@ use std::sync::{Arc, Mutex, RwLock};
 /// The block cache: recent blocks of rides and visits.
 const CACHE_BYTES: u64 = 16 << 20;
 /// Memtables of rides, visits and meta (fjall's default is 64 MiB each). Each memtable written to disk
-/// holds up reads for an fsync (fjall persists its new version under the lock readers take), so the
-/// rides' is large and what a flush writes besides rides is in it; `visits` and `meta` change only at
-/// checkpoints.
+/// holds up reads for an fsync (fjall persists its new version under the lock readers take), so what a
+/// flush writes besides rides is in `rides`, and `visits` and `meta` change only at checkpoints. A
+/// 64 MiB `rides` memtable made those waits rarer but the latencies worse (BENCHMARKS.md).
 const MEMTABLE_BYTES: [u64; 3] = [16 << 20, 8 << 20, 1 << 20];
 /// fjall's journal, at most (its least): past it fjall writes the memtables that hold it back, which
 /// `meta`'s, written only at checkpoints, would otherwise do for ever; a start-up replays it all.
