@@ -14,15 +14,9 @@ set -euo pipefail
 bin=${1:-target/release/spate}
 cards=${2:-30000000}
 count=${3:-20000000}
-dir=$(mktemp -d)
 port=18180
 stream=18190
-pid=
-cleanup() {
-    [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
-    rm -rf "$dir"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/lib/measure.sh"
 
 start() {
     "$bin" serve --apps fraud --data-dir "$dir/data" --fraud-key-file "$dir/fraud.key" \
@@ -32,9 +26,6 @@ start() {
     until curl -sf "127.0.0.1:$port/health" >/dev/null; do sleep 0.05; done
 }
 
-now() { date +%s.%N; }
-seconds_since() { echo "$(now) - $1" | bc; }
-rss_mib() { echo $(($(awk '/VmRSS/ {print $2}' "/proc/$pid/status") / 1024)); }
 metric_max() {
     curl -s "127.0.0.1:$port/metrics" | awk -v name="$1" '$1 ~ "^"name"\\{" && $1 ~ /cause="snapshot"/ {
         if ($2 > max) max = $2 } END { printf "%.1f ms\n", max * 1000 }'

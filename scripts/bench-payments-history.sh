@@ -10,18 +10,9 @@ set -euo pipefail
 
 bin=${1:-target/release/spate}
 count=${2:-1000000}
-dir=$(mktemp -d)
 port=18280
 base="http://127.0.0.1:$port"
-pid=
-cleanup() {
-    if [ -n "$pid" ]; then
-        kill -9 "$pid" 2>/dev/null
-        wait "$pid" 2>/dev/null || true
-    fi
-    rm -rf "$dir"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/lib/measure.sh"
 
 start() {
     SPATE_KEK_FILE="$dir/kek" "$bin" serve --apps payments --data-dir "$dir/data" \
@@ -30,10 +21,6 @@ start() {
     until curl -sf "$base/health" >/dev/null; do sleep 0.05; done
 }
 
-now() { date +%s.%N; }
-seconds_since() { printf '%.1f' "$(echo "$(now) - $1" | bc)"; }
-rss_mib() { echo $(($(awk '/VmRSS/ {print $2}' "/proc/$pid/status") / 1024)); }
-mib() { if [ -e "$1" ]; then du -sm "$1" | cut -f1; else echo 0; fi; }
 
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB; date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 echo "binary: $bin"

@@ -11,18 +11,9 @@ set -euo pipefail
 bin=${1:-target/release/spate}
 count=${2:-3000000}
 skiers=${3:-10000000}
-dir=$(mktemp -d)
 port=18281
 base="http://127.0.0.1:$port"
-pid=
-cleanup() {
-    if [ -n "$pid" ]; then
-        kill -9 "$pid" 2>/dev/null
-        wait "$pid" 2>/dev/null || true
-    fi
-    rm -rf "$dir"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/lib/measure.sh"
 
 start() {
     "$bin" serve --apps ski --data-dir "$dir/data" --ski-skiers "1-$skiers" \
@@ -31,10 +22,6 @@ start() {
     until curl -sf "$base/health" >/dev/null; do sleep 0.05; done
 }
 
-now() { date +%s.%N; }
-seconds_since() { printf '%.1f' "$(echo "$(now) - $1" | bc)"; }
-rss_mib() { echo $(($(awk '/VmRSS/ {print $2}' "/proc/$pid/status") / 1024)); }
-mib() { if [ -e "$1" ]; then du -sm "$1" | cut -f1; else echo 0; fi; }
 rides_in_model() { curl -sf "$base/ski/lag" | grep -o '"rides":[0-9]*' | cut -d: -f2; }
 # Times 100 queries of a skier's day (skiers 1..100), which read rides back from the read model.
 time_queries() {
