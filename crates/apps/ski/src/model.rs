@@ -495,12 +495,11 @@ impl RideProjection {
     /// Takes in the ride at `lsn` of `partition`: its visit unless the stored chunks hold it, the ride
     /// unless the store holds it.
     fn take(&mut self, partition: PartitionId, lsn: Lsn, ride: &Ride) -> Result<(), StoreError> {
-        let store = self.store.clone();
-        let visits = self.visits();
+        let visits = (self.visits.get_mut()).expect("the visits' lock is never poisoned");
         let visits_next = position_of(&mut visits.next, partition);
         if lsn >= *visits_next {
             *visits_next = lsn + 1;
-            if visits.visit(&store, ride)? {
+            if visits.visit(&self.store, ride)? {
                 self.pending_new_visits
                     .push((ride.resort, ride.season, ride.day));
             }
