@@ -2,6 +2,7 @@
 //! the [`RankTree`] that orders them. Only the newest season takes updates; a reset starts a new one and
 //! keeps the old ones readable.
 
+use crate::snapshot_vec::SnapshotVec;
 use crate::tree::{Entry, RankTree};
 use spate_engine::wire::{Put, Reader, WireError};
 use std::collections::HashMap;
@@ -142,7 +143,7 @@ pub struct Standing {
     pub score: i128,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Slot {
     /// Empty when the slot is free (its member was deleted).
     name: Box<str>,
@@ -152,17 +153,36 @@ struct Slot {
 type MemberIndex = HashMap<Box<str>, u32, foldhash::fast::RandomState>;
 
 /// One ranking. Every live member has exactly one entry in `tree`, equal to its slot's `entry`.
+///
+/// The slots and the free list are what a snapshot writes (the index and the tree are rebuilt from
+/// them), so they are [`SnapshotVec`]s: a snapshot writes them in steps while updates go on.
 #[derive(Debug)]
 pub struct Season {
     pub number: u32,
     pub started_ms: u64,
     index: MemberIndex,
-    slots: Vec<Slot>,
-    free_slots: Vec<u32>,
+    slots: SnapshotVec<Slot>,
+    free_slots: SnapshotVec<u32>,
+    /// The bytes of every slot's name, so that a snapshot knows its length when it begins.
+    name_bytes: u64,
     tree: RankTree,
     /// The next tie-breaker under [`TiePolicy::First`]: it only grows, so earlier means better.
     next_tie: u64,
 }
+
+/// What a snapshot writes of a season besides its slots and free list, as it was when it began.
+#[derive(Debug, Clone, Copy)]
+pub struct SeasonHeader {
+    number: u32,
+    started_ms: u64,
+    next_tie: u64,
+    slot_count: u32,
+    free_count: u32,
+    name_bytes: u64,
+}
+
+/// A slot's bytes in a snapshot besides its name's: the name's length, the entry's key and tie.
+const SLOT_BYTES: u64 = 4 + 16 + 8;
 
 impl Season {
     pub fn new(number: u32, started_ms: u64) -> Self {
@@ -170,8 +190,9 @@ impl Season {
             number,
             started_ms,
             index: MemberIndex::default(),
-            slots: Vec::new(),
-            free_slots: Vec::new(),
+            slots: SnapshotVec::default(),
+            free_slots: SnapshotVec::default(),
+            name_bytes: 0,
             tree: RankTree::default(),
             next_tie: 0,
         }
@@ -312,6 +333,7 @@ impl Season {
             name: name.into(),
             entry,
         };
+        self.name_bytes += name.len() as u64;
         self.index.insert(name.into(), slot);
         self.tree.insert(entry);
     }
@@ -323,7 +345,8 @@ impl Season {
         };
         let removed = self.tree.remove(&self.slots[slot as usize].entry);
         debug_assert!(removed, "every indexed member has an entry");
-        self.slots[slot as usize].name = "".into();
+        let freed = std::mem::take(&mut self.slots[slot as usize].name);
+        self.name_bytes -= freed.len() as u64;
         self.free_slots.push(slot);
         true
     }
@@ -380,22 +403,51 @@ impl Season {
         })
     }
 
-    pub fn write(&self, out: &mut impl Put) {
-        out.put_u32(self.number);
-        out.put_u64(self.started_ms);
-        out.put_u64(self.next_tie);
-        out.put_u32(u32::try_from(self.slots.len()).expect("member slots fit in u32"));
-        for slot in &self.slots {
-            out.put_bytes(slot.name.as_bytes());
-            out.put_u128(slot.entry.key);
-            out.put_u64(slot.entry.tie);
-        }
-        out.put_u32(u32::try_from(self.free_slots.len()).expect("member slots fit in u32"));
-        for &slot in &self.free_slots {
-            out.put_u32(slot);
+    /// Slots a snapshot step writes at a time (tens of kilobytes).
+    const SLOTS_PER_PIECE: usize = 1024;
+
+    pub fn header(&self) -> SeasonHeader {
+        let count = |len: usize| u32::try_from(len).expect("member slots fit in u32");
+        SeasonHeader {
+            number: self.number,
+            started_ms: self.started_ms,
+            next_tie: self.next_tie,
+            slot_count: count(self.slots.len()),
+            free_count: count(self.free_slots.len()),
+            name_bytes: self.name_bytes,
         }
     }
 
+    /// Writes the whole season as it is now: the header, the slots, the free list.
+    pub fn write(&self, out: &mut impl Put) {
+        let header = self.header();
+        header.write(out);
+        self.slots.iter().for_each(|slot| slot.write(out));
+        header.write_free_count(out);
+        self.free_slots.iter().for_each(|&slot| out.put_u32(slot));
+    }
+
+    /// Starts a snapshot written in steps: its header now, then its slots and free list as they are
+    /// now, however updates change them before the steps write them.
+    pub fn begin_snapshot(&mut self) -> SeasonHeader {
+        self.slots.begin_snapshot();
+        self.free_slots.begin_snapshot();
+        self.header()
+    }
+
+    /// Writes the next slots of the snapshot in progress; true once all are written.
+    pub fn write_snapshot_slots(&mut self, out: &mut impl Put) -> bool {
+        self.slots
+            .write_frozen(Self::SLOTS_PER_PIECE, |slot| slot.write(out))
+    }
+
+    /// Writes the next part of the free list of the snapshot in progress; true once all is written.
+    pub fn write_snapshot_free_slots(&mut self, out: &mut impl Put) -> bool {
+        self.free_slots
+            .write_frozen(Self::SLOTS_PER_PIECE, |&slot| out.put_u32(slot))
+    }
+
+    /// Reads what [`Season::write`] wrote, or a snapshot's steps.
     pub fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
         let mut season = Self::new(r.u32()?, r.u64()?);
         season.next_tie = r.u64()?;
@@ -412,6 +464,7 @@ impl Season {
                 season.index.insert(name.into(), member);
                 entries.push(entry);
             }
+            season.name_bytes += name.len() as u64;
             season.slots.push(Slot {
                 name: name.into(),
                 entry,
@@ -427,6 +480,37 @@ impl Season {
         entries.sort_unstable();
         season.tree = RankTree::from_sorted(&entries);
         Ok(season)
+    }
+}
+
+impl SeasonHeader {
+    /// The bytes of the season's whole snapshot: this header, the slots, the free list.
+    pub fn encoded_len(&self) -> u64 {
+        let header = 4 + 8 + 8 + 4;
+        let slots = u64::from(self.slot_count) * SLOT_BYTES + self.name_bytes;
+        let free_slots = 4 + u64::from(self.free_count) * 4;
+        header + slots + free_slots
+    }
+
+    /// What comes before the slots.
+    pub fn write(&self, out: &mut impl Put) {
+        out.put_u32(self.number);
+        out.put_u64(self.started_ms);
+        out.put_u64(self.next_tie);
+        out.put_u32(self.slot_count);
+    }
+
+    /// What comes between the slots and the free list.
+    pub fn write_free_count(&self, out: &mut impl Put) {
+        out.put_u32(self.free_count);
+    }
+}
+
+impl Slot {
+    fn write(&self, out: &mut impl Put) {
+        out.put_bytes(self.name.as_bytes());
+        out.put_u128(self.entry.key);
+        out.put_u64(self.entry.tie);
     }
 }
 
@@ -495,12 +579,22 @@ impl Board {
         number
     }
 
-    pub fn write(&self, out: &mut impl Put) {
+    /// What comes before the seasons.
+    pub fn write_header(&self, out: &mut impl Put) {
         self.config.encode(out);
         out.put_u32(u32::try_from(self.seasons.len()).expect("season count fits in u32"));
-        for season in &self.seasons {
-            season.write(out);
-        }
+    }
+
+    /// The bytes [`Board::write_header`] puts.
+    pub fn header_len(&self) -> u64 {
+        let mut header = Vec::new();
+        self.write_header(&mut header);
+        header.len() as u64
+    }
+
+    pub fn write(&self, out: &mut impl Put) {
+        self.write_header(out);
+        self.seasons.iter().for_each(|season| season.write(out));
     }
 
     pub fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
@@ -572,6 +666,30 @@ mod tests {
         assert_eq!(s.len(), 1);
     }
 
+    /// A season's bytes, whole and, with the season changed between the steps, in steps.
+    fn season_bytes(season: &mut Season) -> Vec<u8> {
+        let mut whole = Vec::new();
+        season.write(&mut whole);
+        let header = season.begin_snapshot();
+        assert_eq!(whole.len() as u64, header.encoded_len());
+        let mut stepped = Vec::new();
+        header.write(&mut stepped);
+        let c = config(Order::Ascending, TiePolicy::Random);
+        for (i, member) in ["late", "x", "y", "z", "w"].into_iter().enumerate() {
+            season.delete(member);
+            season
+                .update(&c, member, Operator::Set, i as i128, 7)
+                .expect("set");
+            if season.write_snapshot_slots(&mut stepped) {
+                break;
+            }
+        }
+        header.write_free_count(&mut stepped);
+        while !season.write_snapshot_free_slots(&mut stepped) {}
+        assert_eq!(stepped, whole);
+        whole
+    }
+
     #[test]
     fn random_ties_follow_the_drawn_breaker_and_a_snapshot_round_trips() {
         let c = config(Order::Ascending, TiePolicy::Random);
@@ -583,11 +701,20 @@ mod tests {
         s.update(&c, "w", Operator::Set, 11, 5).expect("set");
         assert_eq!(s.rank("y"), Some(1));
         assert_eq!(s.rank("x"), Some(2));
-        let mut bytes = Vec::new();
-        s.write(&mut bytes);
+        let mut changed = Season::read(&mut Reader::new(&{
+            let mut bytes = Vec::new();
+            s.write(&mut bytes);
+            bytes
+        }))
+        .expect("restore");
+        let bytes = season_bytes(&mut changed);
         let restored = Season::read(&mut Reader::new(&bytes)).expect("restore");
         assert_eq!(restored.page(&c, 0, 10), s.page(&c, 0, 10));
-        assert_eq!(restored.free_slots, s.free_slots);
+        let free = |season: &Season| season.free_slots.iter().copied().collect::<Vec<_>>();
+        assert_eq!(free(&restored), free(&s));
+        let mut again = Vec::new();
+        restored.write(&mut again);
+        assert_eq!(again, bytes);
         let cursor = s.cursor_after("y").expect("member");
         assert_eq!(Cursor::parse(&cursor.to_text()), Some(cursor));
         assert_eq!(s.page_after(&c, &cursor, 10), s.page(&c, 1, 10));

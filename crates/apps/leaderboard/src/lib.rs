@@ -11,6 +11,8 @@
 mod board;
 mod command;
 mod http;
+mod snapshot;
+mod snapshot_vec;
 mod state;
 mod tree;
 

@@ -3,6 +3,7 @@
 
 use crate::board::{Board, BoardConfig, UpdateError};
 use crate::command::{Command, ItemResult, Outcome};
+use crate::snapshot::{self, SnapshotWriter};
 use spate_engine::wire::{Put, Reader, WireError};
 use spate_engine::{ArchiveReader, Effects, StateMachine};
 use std::collections::BTreeMap;
@@ -74,6 +75,8 @@ pub struct LeaderboardState {
     boards: BTreeMap<String, Board>,
     /// Scratch space for a batch's looked-up member slots, kept to avoid an allocation per command.
     found_slots: Vec<Option<u32>>,
+    /// The snapshot being written in steps.
+    snapshot: Option<SnapshotWriter>,
 }
 
 /// How many updates ahead a batch starts loading the tree leaves an update will touch.
@@ -164,8 +167,13 @@ impl LeaderboardState {
                     }
                 }
             },
-            Command::DeleteBoard { board } => match self.boards.remove(*board) {
-                Some(_) => Outcome::Deleted,
+            Command::DeleteBoard { board: name } => match self.boards.remove(*name) {
+                Some(board) => {
+                    if let Some(snapshot) = &mut self.snapshot {
+                        snapshot.keep_deleted(name, board);
+                    }
+                    Outcome::Deleted
+                }
                 None => Outcome::NoSuchBoard,
             },
             Command::Reset { board } => match self.boards.get_mut(*board) {
@@ -207,6 +215,7 @@ impl LeaderboardState {
         Ok(Self {
             boards,
             found_slots: Vec::new(),
+            snapshot: None,
         })
     }
 }
@@ -228,19 +237,30 @@ impl StateMachine for LeaderboardState {
         }
     }
 
-    /// Streams the state in pieces (no second copy of a large board in memory), after its length,
-    /// which a first pass counts: the engine's snapshot stream continues after this section.
+    /// Writes the state through one buffer: the engine writes this app's snapshots in steps instead.
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
-        let mut nowhere = io::sink();
-        let mut counting = Chunked::new(&mut nowhere);
-        self.write_state(&mut counting);
-        let length = counting.finish()?;
-        out.write_all(&length.to_le_bytes())?;
-        let mut chunked = Chunked::new(out);
-        self.write_state(&mut chunked);
-        let written = chunked.finish()?;
-        assert_eq!(written, length, "both passes write the same bytes");
-        Ok(())
+        snapshot::write_whole(&self.boards, out)
+    }
+
+    fn begin_snapshot(&mut self) -> bool {
+        self.snapshot = Some(SnapshotWriter::begin(&mut self.boards));
+        true
+    }
+
+    fn write_snapshot_step(
+        &mut self,
+        out: &mut dyn io::Write,
+        bytes_budget: usize,
+    ) -> io::Result<bool> {
+        let writer = self
+            .snapshot
+            .as_mut()
+            .expect("a snapshot step follows begin_snapshot");
+        let done = writer.write_step(&mut self.boards, out, bytes_budget)?;
+        if done {
+            self.snapshot = None;
+        }
+        Ok(done)
     }
 
     fn read(&self, query: &[u8], _archive: &ArchiveReader<'_>) -> Vec<u8> {
@@ -255,85 +275,6 @@ impl StateMachine for LeaderboardState {
         BoardSummary::encode_all(&summaries)
     }
 }
-
-impl LeaderboardState {
-    fn write_state(&self, out: &mut impl Put) {
-        out.put_u32(u32::try_from(self.boards.len()).expect("board count fits in u32"));
-        for (name, board) in &self.boards {
-            out.put_bytes(name.as_bytes());
-            board.write(out);
-        }
-    }
-}
-
-/// Buffers what is put and writes it to `sink` in pieces of [`Chunked::PIECE_BYTES`]. `Put` cannot fail,
-/// so the first write error is kept and returned by [`Chunked::finish`]; nothing is written after it.
-struct Chunked<'a> {
-    buffer: Vec<u8>,
-    sink: &'a mut dyn io::Write,
-    written: u64,
-    error: Option<io::Error>,
-}
-
-impl<'a> Chunked<'a> {
-    const PIECE_BYTES: usize = 64 * 1024;
-
-    fn new(sink: &'a mut dyn io::Write) -> Self {
-        Self {
-            buffer: Vec::with_capacity(Self::PIECE_BYTES + 256),
-            sink,
-            written: 0,
-            error: None,
-        }
-    }
-
-    fn drain(&mut self) {
-        if self.error.is_none()
-            && let Err(error) = self.sink.write_all(&self.buffer)
-        {
-            self.error = Some(error);
-        }
-        self.written += self.buffer.len() as u64;
-        self.buffer.clear();
-    }
-
-    fn after_put(&mut self) {
-        if self.buffer.len() >= Self::PIECE_BYTES {
-            self.drain();
-        }
-    }
-
-    /// The number of bytes put, once all of them reached the sink.
-    fn finish(mut self) -> io::Result<u64> {
-        self.drain();
-        match self.error {
-            Some(error) => Err(error),
-            None => Ok(self.written),
-        }
-    }
-}
-
-/// Each put goes to the buffer, which is drained once a piece is full.
-macro_rules! forward_puts {
-    ($($method:ident($type:ty)),*) => {
-        impl Put for Chunked<'_> {
-            $(fn $method(&mut self, v: $type) {
-                self.buffer.$method(v);
-                self.after_put();
-            })*
-        }
-    };
-}
-
-forward_puts!(
-    put_u8(u8),
-    put_u16(u16),
-    put_u32(u32),
-    put_u64(u64),
-    put_u128(u128),
-    put_i128(i128),
-    put_bytes(&[u8])
-);
 
 #[cfg(test)]
 mod tests {
@@ -390,7 +331,7 @@ mod tests {
         );
         let mut stream = Vec::new();
         state.write_snapshot(&mut stream).expect("write to a Vec");
-        assert!(stream.len() > 2 * Chunked::PIECE_BYTES);
+        assert!(stream.len() > 100_000);
         // The engine's stream goes on after the app's section (its checksum, other apps).
         stream.extend_from_slice(b"NEXT");
         let mut input = &stream[..];
@@ -404,6 +345,136 @@ mod tests {
         assert_eq!(page(&state).len(), 5_003);
         let mut truncated = &stream[..stream.len() - 10];
         assert!(LeaderboardState::restore(&mut truncated).is_err());
+    }
+
+    mod in_steps {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Create(u8),
+            /// Sets `count` members from `first` on a board: enough to fill several chunks of slots.
+            Update {
+                board: u8,
+                first: u16,
+                count: u16,
+                value: i8,
+            },
+            Delete(u8, u16),
+            DeleteBoard(u8),
+            Reset(u8),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                1 => (0u8..3).prop_map(Op::Create),
+                6 => (0u8..3, 0u16..3000, 1u16..1500, any::<i8>()).prop_map(|(board, first, count, value)| Op::Update { board, first, count, value }),
+                3 => (0u8..3, 0u16..3000).prop_map(|(board, member)| Op::Delete(board, member)),
+                1 => (0u8..3).prop_map(Op::DeleteBoard),
+                1 => (0u8..3).prop_map(Op::Reset),
+            ]
+        }
+
+        fn execute(state: &mut LeaderboardState, op: &Op, time: u64) {
+            let name = |board: &u8| format!("board{board}");
+            let mut run =
+                |command: &Command<'_>| state.execute(command, time, time, &mut Vec::new());
+            match op {
+                Op::Create(board) => {
+                    let ties = if board % 2 == 0 {
+                        TiePolicy::First
+                    } else {
+                        TiePolicy::Random
+                    };
+                    let config = BoardConfig {
+                        order: Order::Descending,
+                        ties,
+                        operator: Operator::Increment,
+                    };
+                    run(&Command::Create {
+                        board: &name(board),
+                        config,
+                    });
+                }
+                Op::Update {
+                    board,
+                    first,
+                    count,
+                    value,
+                } => {
+                    let members: Vec<String> = (*first..first.saturating_add(*count))
+                        .map(|m| format!("m{m}"))
+                        .collect();
+                    let items = members
+                        .iter()
+                        .map(|member| UpdateItem {
+                            member,
+                            operator: None,
+                            value: i128::from(*value),
+                        })
+                        .collect();
+                    run(&Command::Update {
+                        board: &name(board),
+                        with_rank: false,
+                        items,
+                    });
+                }
+                Op::Delete(board, member) => {
+                    run(&Command::DeleteMember {
+                        board: &name(board),
+                        member: &format!("m{member}"),
+                    });
+                }
+                Op::DeleteBoard(board) => run(&Command::DeleteBoard {
+                    board: &name(board),
+                }),
+                Op::Reset(board) => run(&Command::Reset {
+                    board: &name(board),
+                }),
+            }
+        }
+
+        fn whole(state: &LeaderboardState) -> Vec<u8> {
+            let mut bytes = Vec::new();
+            state.write_snapshot(&mut bytes).expect("write to a Vec");
+            bytes
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(24))]
+            /// A snapshot written in steps, with updates, deletes, resets and new or deleted boards
+            /// between the steps, holds exactly the bytes a whole snapshot held when it began.
+            #[test]
+            fn a_snapshot_in_steps_is_the_state_when_it_began(
+                before in proptest::collection::vec(op(), 1..40),
+                during in proptest::collection::vec((op(), 1usize..20_000), 1..60),
+            ) {
+                let mut state = LeaderboardState::default();
+                for board in 0..3 {
+                    execute(&mut state, &Op::Create(board), 0);
+                }
+                for (time, op) in before.iter().enumerate() {
+                    execute(&mut state, op, time as u64);
+                }
+                let expected = whole(&state);
+                prop_assert!(state.begin_snapshot());
+                let mut stepped = Vec::new();
+                let mut done = false;
+                for (time, (op, bytes_budget)) in during.iter().enumerate() {
+                    if !done {
+                        done = state.write_snapshot_step(&mut stepped, *bytes_budget).expect("write to a Vec");
+                    }
+                    execute(&mut state, op, 1_000 + time as u64);
+                }
+                while !done {
+                    done = state.write_snapshot_step(&mut stepped, 1).expect("write to a Vec");
+                }
+                prop_assert!(stepped == expected, "{} bytes in steps, {} whole", stepped.len(), expected.len());
+                let restored = LeaderboardState::restore(&mut &stepped[..]).expect("restore");
+                prop_assert!(whole(&restored) == expected);
+            }
+        }
     }
 
     #[test]

@@ -120,13 +120,16 @@ impl Server {
 
     /// Starts `spate serve --apps <apps>` snapshotting and checkpointing projections every few hundred
     /// records with small journal segments, so that a restart must restore both from their files and
-    /// replay only the journal after them.
+    /// replay only the journal after them. Snapshots go in small steps, so that commands are applied
+    /// between the steps of every snapshot an app writes in steps.
     pub fn start_checkpointing(data_dir: &Path, apps: &str) -> Self {
         let small = [
             "--apps",
             apps,
             "--snapshot-interval-records",
             "300",
+            "--snapshot-step-bytes",
+            "256",
             "--projection-checkpoint-interval-records",
             "500",
             "--segment-bytes",
