@@ -139,6 +139,13 @@ pub(crate) struct Limits {
 /// Requests taken from the queues per wake-up before the batch is offered to the writer again.
 const DRAIN_MAX: usize = 4096;
 
+/// The longest a partition goes on with a snapshot's steps at a time. Under load it steps for as long as
+/// it applied since the last steps, up to this: a busy partition then gives a snapshot in progress up to
+/// half its time, so that a state far larger than the journal's snapshot interval is still written while
+/// the load goes on (one step per step's budget of journal fell ever further behind fraud's 750 MB per
+/// partition, BENCHMARKS.md), and no pause grows past this plus one step.
+const SNAPSHOT_STEPS_MAX: Duration = Duration::from_millis(3);
+
 /// Chunks of a snapshot (1 MiB each) queued for the thread that writes its file: a partition waits for
 /// the file system only when this many are behind.
 const SNAPSHOT_CHUNKS_QUEUED: usize = 16;
@@ -179,6 +186,8 @@ pub(crate) struct PartitionThread {
     /// transfers is one) would otherwise keep the journal from being released for a long time.
     journal_bytes_since_snapshot: u64,
     snapshot: Option<SnapshotInProgress>,
+    /// When the snapshot in progress last took steps: the partition has applied since.
+    snapshot_steps_ended: Instant,
     /// The answer of the thread writing and publishing the last snapshot begun, until it came.
     publishing: Option<Receiver<Result<(), String>>>,
     external_open: bool,
@@ -260,6 +269,7 @@ pub(crate) fn pair(
         records_since_snapshot: 0,
         journal_bytes_since_snapshot: 0,
         snapshot: None,
+        snapshot_steps_ended: Instant::now(),
         publishing: None,
         external_open: true,
         resend_due: Instant::now(),
@@ -398,8 +408,16 @@ impl PartitionThread {
                 tracing::error!(partition = self.core.partition, %error, "snapshot failed");
             }
         } else {
-            self.step_snapshot();
+            let applied = self.snapshot_steps_ended.elapsed();
+            let until = Instant::now() + applied.min(SNAPSHOT_STEPS_MAX);
+            loop {
+                self.step_snapshot();
+                if self.snapshot.is_none() || Instant::now() >= until {
+                    break;
+                }
+            }
         }
+        self.snapshot_steps_ended = Instant::now();
         self.metrics.snapshot_pause.record(pause);
     }
 
