@@ -278,10 +278,11 @@ impl StateMachine for FraudState {
         out: &mut dyn Write,
         bytes_budget: usize,
     ) -> io::Result<bool> {
-        let mut plain = self.snapshot_stats.take().unwrap_or_default();
-        let done = self.store.snapshot_step(&mut plain, bytes_budget)?;
         let mut sealed = SealingWriter::new(out, &self.cipher);
-        sealed.write_all(&plain)?;
+        if let Some(stats) = self.snapshot_stats.take() {
+            sealed.write_all(&stats)?;
+        }
+        let done = self.store.snapshot_step(&mut sealed, bytes_budget)?;
         sealed.finish()?;
         Ok(done)
     }
