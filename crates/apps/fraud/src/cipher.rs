@@ -253,7 +253,7 @@ impl<'a> OpeningReader<'a> {
 
 impl Read for OpeningReader<'_> {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
-        // An empty chunk is possible (GCM-SIV wrote one for a step with nothing to write).
+        // Nothing in the format forbids an empty chunk: read on to the next.
         while self.at == self.end {
             if !self.next_chunk()? {
                 return Ok(0);
