@@ -7,7 +7,7 @@
 //!   reveals only that two plaintexts are equal, never their content or the key stream.
 //! - Snapshots are streams of chunks ([`SealingWriter`]) sealed with AES-256-GCM (ring) under a key
 //!   derived from the card key, with a random nonce each: nothing needs two snapshots' bytes to be
-//!   equal, and ring opens about 9.5 GB/s per core here against 1.4 GB/s for the GCM-SIV crate, which
+//!   equal, and ring opens about 7.5 GiB/s per core here against 1.3 GiB/s for the GCM-SIV crate, which
 //!   was half of a restart's CPU (BENCHMARKS.md, "fraud: restart"). Chunks sealed with GCM-SIV by
 //!   earlier versions are still read: the top bit of a chunk's length tells the two apart.
 
