@@ -139,11 +139,13 @@ pub(crate) struct Limits {
 /// Requests taken from the queues per wake-up before the batch is offered to the writer again.
 const DRAIN_MAX: usize = 4096;
 
-/// The longest a partition goes on with a snapshot's steps at a time. Under load it steps for as long as
-/// it applied since the last steps, up to this: a busy partition then gives a snapshot in progress up to
-/// half its time, so that a state far larger than the journal's snapshot interval is still written while
-/// the load goes on (one step per step's budget of journal fell ever further behind fraud's 750 MB per
-/// partition, BENCHMARKS.md), and no pause grows past this plus one step.
+/// The longest a partition goes on with a late snapshot's steps at a time. A snapshot is late once a
+/// quarter of the interval that made it due has gone by without it being whole; from then on the
+/// partition steps for as long as it applied since the last steps, up to this: a busy partition gives
+/// the snapshot up to half its time, so that a state far larger than the interval is still written
+/// while the load goes on (one step per step's budget of journal fell ever further behind fraud's 750 MB
+/// per partition, BENCHMARKS.md), and no pause grows past this plus one step. A snapshot on time keeps
+/// to one step at a time, the shortest pauses.
 const SNAPSHOT_STEPS_MAX: Duration = Duration::from_millis(3);
 
 /// Chunks of a snapshot (1 MiB each) queued for the thread that writes its file: a partition waits for
@@ -408,8 +410,15 @@ impl PartitionThread {
                 tracing::error!(partition = self.core.partition, %error, "snapshot failed");
             }
         } else {
+            let late = self.records_since_snapshot >= self.limits.snapshot_interval_records / 4
+                || self.journal_bytes_since_snapshot >= self.limits.snapshot_interval_bytes / 4;
             let applied = self.snapshot_steps_ended.elapsed();
-            let until = Instant::now() + applied.min(SNAPSHOT_STEPS_MAX);
+            let slice = if late {
+                applied.min(SNAPSHOT_STEPS_MAX)
+            } else {
+                Duration::ZERO
+            };
+            let until = Instant::now() + slice;
             loop {
                 self.step_snapshot();
                 if self.snapshot.is_none() || Instant::now() >= until {

@@ -68,8 +68,8 @@ pub struct ServeArgs {
     #[arg(long, env = "SPATE_SNAPSHOT_INTERVAL_BYTES")]
     snapshot_interval_bytes: Option<u64>,
     /// Bytes one step of a snapshot writes, for apps that snapshot in steps while they apply (all but
-    /// ski); a partition applies nothing during a step, and takes steps for at most 3 ms at a time
-    /// [default: 65536]
+    /// ski); a partition applies nothing during a step, and takes a late snapshot's steps for at most 3
+    /// ms at a time [default: 65536]
     #[arg(long, env = "SPATE_SNAPSHOT_STEP_BYTES")]
     snapshot_step_bytes: Option<usize>,
     /// Memory for the block cache of the archive on disk, where apps keep what is final (the ledger's
