@@ -50,23 +50,28 @@ pub enum ArchiveError {
 #[derive(Clone)]
 pub(crate) struct ArchiveDatabase {
     db: fjall::Database,
+    memtable_bytes: u64,
 }
 
 impl ArchiveDatabase {
-    pub fn open(dir: &Path, cache_bytes: u64) -> Result<Self, ArchiveError> {
+    pub fn open(dir: &Path, cache_bytes: u64, memtable_bytes: u64) -> Result<Self, ArchiveError> {
         // Persisted by hand before a snapshot that relies on it is published: what was stored since
         // and lost in a crash is archived again by replay.
         let db = fjall::Database::builder(dir)
             .cache_size(cache_bytes)
             .manual_journal_persist(true)
             .open()?;
-        Ok(Self { db })
+        Ok(Self { db, memtable_bytes })
+    }
+
+    pub fn database(&self) -> fjall::Database {
+        self.db.clone()
     }
 
     pub fn partition(&self, partition: crate::PartitionId) -> Result<ArchiveStore, ArchiveError> {
-        let keyspace = self
-            .db
-            .keyspace(&format!("p{partition:03}"), Default::default)?;
+        let keyspace = self.db.keyspace(&format!("p{partition:03}"), || {
+            fjall::KeyspaceCreateOptions::default().max_memtable_size(self.memtable_bytes)
+        })?;
         Ok(ArchiveStore {
             db: self.db.clone(),
             keyspace,
@@ -445,7 +450,7 @@ mod tests {
     const APP: AppId = 3;
 
     fn database(dir: &Path) -> ArchiveDatabase {
-        ArchiveDatabase::open(dir, 1 << 20).unwrap()
+        ArchiveDatabase::open(dir, 1 << 20, 1 << 20).unwrap()
     }
 
     /// Hands the outbox to the store as the writer does once the batch is durable, then forgets.

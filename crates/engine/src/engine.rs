@@ -10,6 +10,7 @@ use crate::journal::{FileLogStore, JournalConfig, Log, LogStore};
 use crate::metrics::{EngineMetrics, PartitionLabel, PartitionMetrics};
 use crate::partition::{self, Feed, Internal, Limits, PartitionShared, Request};
 use crate::projection::ProjectionRuntime;
+use crate::scrub::{Scrubs, StoreDamage};
 use crate::{AppId, CommandId, EngineError, Lsn, PartitionId, Reply, StartError};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use prometheus_client::metrics::family::Family;
@@ -54,6 +55,12 @@ pub struct EngineConfig {
     /// Memory for the archive store's block cache, all partitions together (the archive's records not
     /// yet stored are extra, and few).
     pub archive_cache_bytes: u64,
+    /// Bytes of the archive's writes each partition's keyspace holds in memory before they go to a
+    /// table on disk.
+    pub archive_memtable_bytes: u64,
+    /// What the background scrub reads back per second from each store on disk (see `scrub.rs`); 0
+    /// turns it off.
+    pub store_scrub_bytes_per_s: u64,
     /// New client commands are refused while the data directory's file system has less free space
     /// than this (see `disk.rs`); 0 turns the guard off.
     pub disk_reserve_bytes: u64,
@@ -81,6 +88,10 @@ impl EngineConfig {
             projection_checkpoint_interval_bytes: 256 << 20,
             projection_feed_batches_max: 1024,
             archive_cache_bytes: 256 << 20,
+            // fjall's default.
+            archive_memtable_bytes: 64 << 20,
+            // A pass over 15 GB of history takes about 15 minutes (BENCHMARKS.md, "The scrub").
+            store_scrub_bytes_per_s: 16 << 20,
             disk_reserve_bytes: 128 << 20,
         }
     }
@@ -93,6 +104,8 @@ pub struct Health {
     pub failed_partitions: Vec<PartitionId>,
     pub queue_depth: Vec<usize>,
     pub disk: DiskStatus,
+    /// Stores on disk the background scrub found damaged.
+    pub damaged_stores: Vec<StoreDamage>,
 }
 
 struct ProjectionView {
@@ -159,6 +172,7 @@ struct Inner {
     follow_lag: Family<PartitionLabel, Gauge<f64, AtomicU64>>,
     projections: Vec<ProjectionView>,
     disk: DiskGuard,
+    scrubs: Scrubs,
     starter: Starter,
 }
 
@@ -347,10 +361,17 @@ impl Engine {
             }
         })?;
         check_meta(&config.data_dir, config.partitions)?;
-        let archive_stores = (archive_on_disk && apps.iter().any(|app| app.archives))
+        let archive_db = (archive_on_disk && apps.iter().any(|app| app.archives))
             .then(|| {
-                let dir = config.data_dir.join("archive");
-                let db = ArchiveDatabase::open(&dir, config.archive_cache_bytes)?;
+                ArchiveDatabase::open(
+                    &config.data_dir.join("archive"),
+                    config.archive_cache_bytes,
+                    config.archive_memtable_bytes,
+                )
+            })
+            .transpose()?;
+        let archive_stores = (archive_db.as_ref())
+            .map(|db| {
                 (0..config.partitions)
                     .map(|partition| db.partition(partition))
                     .collect::<Result<Vec<_>, _>>()
@@ -358,6 +379,12 @@ impl Engine {
             .transpose()?;
         let partition_count = config.partitions;
         let metrics = EngineMetrics::register(registry);
+        let scrubs = Scrubs::new(config.store_scrub_bytes_per_s, metrics.scrub());
+        if let Some(db) = archive_db {
+            scrubs
+                .start("archive", db.database())
+                .map_err(|e| StartError::Config(format!("spawning the archive's scrub: {e}")))?;
+        }
         let (free_bytes_gauge, disk_refusals) = metrics.disk();
         let disk = DiskGuard::new(
             &config.data_dir,
@@ -442,6 +469,7 @@ impl Engine {
             follow_lag: metrics.follow_lag(),
             projections: views,
             disk,
+            scrubs,
             starter: Starter {
                 logs,
                 data_dir: config.data_dir.clone(),
@@ -489,6 +517,7 @@ impl Engine {
     /// for the threads.
     pub fn shutdown(self) -> Result<(), String> {
         let inner = &self.handle.inner;
+        inner.scrubs.stop_all();
         let mut errors = Vec::new();
         let running: Vec<PartitionId> = (0..inner.partition_count)
             .filter(|&partition| inner.is_here(partition))
@@ -1017,7 +1046,15 @@ impl EngineHandle {
                 .map(|slot| slot.queue().as_ref().map_or(0, |q| q.len()))
                 .collect(),
             disk: inner.disk.status(),
+            damaged_stores: inner.scrubs.damage(),
         }
+    }
+
+    /// Reads every record of `db`, an app's store on disk named `store` in reports, in the background
+    /// at `EngineConfig::store_scrub_bytes_per_s` until shutdown: a damaged block shows in
+    /// [`Self::health`] and `/metrics` (see `scrub.rs`).
+    pub fn scrub_store(&self, store: &str, db: fjall::Database) -> std::io::Result<()> {
+        self.inner.scrubs.start(store, db)
     }
 
     /// Durable records not yet applied to `app`'s projection, over all partitions; `None` without one.

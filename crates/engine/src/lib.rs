@@ -15,6 +15,7 @@ mod partition;
 mod projection;
 pub mod record;
 mod recovery;
+mod scrub;
 pub mod segmented;
 pub mod snapshot;
 pub mod wire;
@@ -25,6 +26,7 @@ pub use disk::DiskStatus;
 pub use engine::{Engine, EngineConfig, EngineHandle, Health, Pending, Refused};
 pub use journal::{Durability, FileLogStore, JournalConfig, LogStore, Lsn};
 pub use record::{Envelope, Origin};
+pub use scrub::StoreDamage;
 pub use segmented::{EntryCodec, SegmentedMap};
 
 use thiserror::Error;

@@ -2,6 +2,7 @@
 //! recording costs no lock and no label lookup on the hot path.
 
 use crate::PartitionId;
+use crate::scrub::ScrubMetrics;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -145,6 +146,7 @@ pub(crate) struct EngineMetrics {
     projection_journal_reads: Family<AppLabel, Counter>,
     disk_free_bytes: Gauge,
     rejected_disk_full: Counter,
+    scrub: ScrubMetrics,
 }
 
 #[derive(Clone)]
@@ -188,6 +190,7 @@ impl EngineMetrics {
             projection_journal_reads: Family::default(),
             disk_free_bytes: Gauge::default(),
             rejected_disk_full: Counter::default(),
+            scrub: ScrubMetrics::default(),
         };
         let r = registry.sub_registry_with_prefix("spate");
         r.register(
@@ -295,7 +298,26 @@ impl EngineMetrics {
              reserve (--disk-reserve-mb)",
             metrics.rejected_disk_full.clone(),
         );
+        r.register(
+            "store_scrub_bytes",
+            "Bytes of keys and values the background scrub read back from a store on disk",
+            metrics.scrub.bytes.clone(),
+        );
+        r.register(
+            "store_scrub_passes",
+            "Passes of the background scrub over every record of a store on disk",
+            metrics.scrub.passes.clone(),
+        );
+        r.register(
+            "store_damaged",
+            "1 once the scrub met a block of the store it could not read back (see /health)",
+            metrics.scrub.damaged.clone(),
+        );
         metrics
+    }
+
+    pub fn scrub(&self) -> ScrubMetrics {
+        self.scrub.clone()
     }
 
     /// The disk guard's gauge of free bytes and its count of refusals.

@@ -91,13 +91,25 @@ pub fn routes(engine: EngineHandle, registry: Arc<Registry>) -> Router {
             "/health",
             get(move || async move {
                 let health = engine.health();
-                let healthy = health.failed_partitions.is_empty();
+                let damaged = !health.damaged_stores.is_empty();
+                let healthy = health.failed_partitions.is_empty() && !damaged;
                 // A disk under its reserve refuses writes but serves reads: still up, and says so.
-                let status = match (healthy, health.disk.writes_refused) {
+                // A damaged store serves what it can, but needs an operator: not healthy.
+                let status = match (health.failed_partitions.is_empty(), damaged) {
                     (false, _) => "failing",
-                    (true, true) => "read_only",
+                    (true, true) => "damaged",
+                    (true, false) if health.disk.writes_refused => "read_only",
                     (true, false) => "ok",
                 };
+                let damaged_stores: Vec<_> = (health.damaged_stores.iter())
+                    .map(|damage| {
+                        serde_json::json!({
+                            "store": damage.store,
+                            "keyspace": damage.keyspace,
+                            "error": damage.error,
+                        })
+                    })
+                    .collect();
                 let body = serde_json::json!({
                     "status": status,
                     "partitions": health.partitions,
@@ -108,6 +120,7 @@ pub fn routes(engine: EngineHandle, registry: Arc<Registry>) -> Router {
                         "reserve_bytes": health.disk.reserve_bytes,
                         "writes_refused": health.disk.writes_refused,
                     },
+                    "damaged_stores": damaged_stores,
                 });
                 let status = if healthy {
                     StatusCode::OK

@@ -76,6 +76,14 @@ pub struct ServeArgs {
     /// committed and aborted transfers), all partitions together [default: 256]
     #[arg(long, env = "SPATE_ARCHIVE_CACHE_MB")]
     archive_cache_mb: Option<u64>,
+    /// Memory (MiB) each partition's keyspace of the archive fills before its writes go to a table on
+    /// disk; fixed when the archive is created, like --partitions [default: 64]
+    #[arg(long, env = "SPATE_ARCHIVE_MEMTABLE_MB")]
+    archive_memtable_mb: Option<u64>,
+    /// What the background scrub reads back per second (MiB) from each store on disk (the archive,
+    /// payments' list, ski's rides) to find blocks the disk damaged; 0 turns it off [default: 16]
+    #[arg(long, env = "SPATE_STORE_SCRUB_MB_PER_S")]
+    store_scrub_mb_per_s: Option<u64>,
     /// Free space (MiB) the data directory's file system keeps: below it, new writes are refused with
     /// 503 `disk_full` and reads go on, until space is freed; 0 turns the guard off [default: 128]
     #[arg(long, env = "SPATE_DISK_RESERVE_MB")]
@@ -292,6 +300,8 @@ impl ServeArgs {
                 snapshot_interval_bytes,
                 snapshot_step_bytes,
                 archive_cache_mb,
+                archive_memtable_mb,
+                store_scrub_mb_per_s,
                 disk_reserve_mb,
                 projection_checkpoint_interval_records,
                 projection_checkpoint_interval_bytes,
@@ -415,6 +425,13 @@ impl ServeArgs {
         }
         if let Some(mb) = self.archive_cache_mb {
             engine.archive_cache_bytes = mb.saturating_mul(1 << 20);
+        }
+        if let Some(mb) = self.archive_memtable_mb {
+            // Under a MiB, a table would hold a handful of records.
+            engine.archive_memtable_bytes = mb.max(1).saturating_mul(1 << 20);
+        }
+        if let Some(mb) = self.store_scrub_mb_per_s {
+            engine.store_scrub_bytes_per_s = mb.saturating_mul(1 << 20);
         }
         if let Some(mb) = self.disk_reserve_mb {
             engine.disk_reserve_bytes = mb.saturating_mul(1 << 20);

@@ -146,6 +146,21 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
     ] {
         assert!(metrics.contains(name), "metric {name} missing");
     }
+    // Every store on disk is scrubbed from start-up on, and none is damaged.
+    for store in ["archive", "payments", "ski"] {
+        let passes = format!("spate_store_scrub_passes_total{{store=\"{store}\"}} ");
+        let scrubbed = || {
+            let metrics = support::metrics_text(&agent, base);
+            let passes = metrics.lines().find_map(|line| line.strip_prefix(&passes));
+            passes.is_some_and(|passes| passes.parse::<u64>().unwrap() >= 1)
+        };
+        assert!(
+            support::eventually(std::time::Duration::from_secs(30), scrubbed),
+            "{store} was never scrubbed"
+        );
+        let damaged = format!("spate_store_damaged{{store=\"{store}\"}} 0");
+        assert!(support::metrics_text(&agent, base).contains(&damaged));
+    }
     assert!(
         server.terminate().success(),
         "SIGTERM shuts down cleanly with exit 0"

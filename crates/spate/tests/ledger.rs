@@ -597,35 +597,9 @@ fn transfers_and_entries_long_out_of_memory_are_answered_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let server = start(dir.path());
     let (agent, base) = (agent(), server.base.clone());
-    create(&agent, &base, "dfspa", "1000000");
-    create(&agent, &base, "dfspb", "1000000");
     // More than a chunk of the payer's entry log (4,096 entries), so full chunks go to the archive.
     let count = 5_000u64;
-    let batch_url = format!("{base}/transfers/batch");
-    let prepares: Vec<Value> = (1..=count)
-        .map(|n| json!({"prepare": prepare_body(n, "dfspa", "dfspb", "1", 600_000)}))
-        .collect();
-    let (status, body) = post(&agent, &batch_url, &json!({"operations": prepares}));
-    assert_eq!(status, 200, "{body}");
-    let fulfils: Vec<Value> = (1..=count)
-        .map(|n| json!({"fulfil": {"transferId": transfer_id(n), "source": "dfspb", "fulfilment": b64(&fulfilment(n))}}))
-        .collect();
-    let (status, body) = post(&agent, &batch_url, &json!({"operations": fulfils}));
-    assert_eq!(status, 200, "{body}");
-    assert!(
-        body["results"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|r| r["transferState"] == "COMMITTED"),
-        "{body}"
-    );
-    let payer = || participant(&agent, &base, "dfspa");
-    assert!(
-        eventually(Duration::from_secs(10), || payer()["position"] == "5000"),
-        "{}",
-        payer()
-    );
+    commit_in_two_batches(&agent, &base, count);
     assert!(server.terminate().success());
 
     let server = start(dir.path());
@@ -669,6 +643,122 @@ fn transfers_and_entries_long_out_of_memory_are_answered_after_a_restart() {
         );
     }
     assert_eq!(participant(&agent, &base, "dfspa")["position"], "5000");
+}
+
+/// Creates dfspa and dfspb, and commits transfers 1 to `count` of 1 from dfspa to dfspb: prepared in
+/// one batch, fulfilled in another. Returns once the read model shows the payer's position.
+fn commit_in_two_batches(agent: &ureq::Agent, base: &str, count: u64) {
+    create(agent, base, "dfspa", "1000000");
+    create(agent, base, "dfspb", "1000000");
+    let batch_url = format!("{base}/transfers/batch");
+    let prepares: Vec<Value> = (1..=count)
+        .map(|n| json!({"prepare": prepare_body(n, "dfspa", "dfspb", "1", 600_000)}))
+        .collect();
+    let (status, body) = post(agent, &batch_url, &json!({"operations": prepares}));
+    assert_eq!(status, 200, "{body}");
+    let fulfils: Vec<Value> = (1..=count)
+        .map(|n| json!({"fulfil": {"transferId": transfer_id(n), "source": "dfspb", "fulfilment": b64(&fulfilment(n))}}))
+        .collect();
+    let (status, body) = post(agent, &batch_url, &json!({"operations": fulfils}));
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["transferState"] == "COMMITTED"),
+        "{body}"
+    );
+    let payer = || participant(agent, base, "dfspa");
+    let position = count.to_string();
+    assert!(
+        eventually(Duration::from_secs(10), || payer()["position"] == position),
+        "{}",
+        payer()
+    );
+}
+
+#[test]
+fn a_flipped_byte_in_an_archive_table_is_found_by_the_scrub_and_never_served() {
+    let dir = tempfile::tempdir().unwrap();
+    // A memtable of a MiB: 5,000 archived transfers (about 1.5 MB) make at least one table on disk.
+    let args = [
+        "--apps",
+        "ledger",
+        "--partitions",
+        "1",
+        "--archive-memtable-mb",
+        "1",
+    ];
+    let server = Server::start(dir.path(), &args, None);
+    let (agent, base) = (agent(), server.base.clone());
+    let count = 5_000u64;
+    commit_in_two_batches(&agent, &base, count);
+    let scrubbed = |base: &str| {
+        let metrics = support::metrics_text(&agent, base);
+        let value = |name: &str| {
+            let prefix = format!("{name}{{store=\"archive\"}} ");
+            let line = metrics.lines().find(|line| line.starts_with(&prefix));
+            line.map(|line| line[prefix.len()..].parse::<f64>().unwrap())
+        };
+        (
+            value("spate_store_scrub_passes_total"),
+            value("spate_store_damaged"),
+        )
+    };
+    assert!(server.terminate().success());
+
+    // Undamaged: the first pass, at start-up, finds nothing.
+    let server = Server::start(dir.path(), &args, None);
+    assert!(eventually(Duration::from_secs(30), || {
+        scrubbed(&server.base).0.is_some_and(|passes| passes >= 1.0)
+    }));
+    assert_eq!(scrubbed(&server.base).1, Some(0.0));
+    let (status, health) = get(&agent, &format!("{}/health", server.base));
+    assert_eq!((status, &health["status"]), (200, &json!("ok")), "{health}");
+    assert!(server.terminate().success());
+
+    let table = support::files_under(&dir.path().join("archive"))
+        .into_iter()
+        .filter(|path| {
+            path.parent()
+                .is_some_and(|parent| parent.ends_with("tables"))
+        })
+        .max_by_key(|path| std::fs::metadata(path).unwrap().len())
+        .expect("a table of the archive on disk");
+    let mut bytes = std::fs::read(&table).unwrap();
+    // The data blocks come first.
+    let inside_the_data = bytes.len() / 3;
+    bytes[inside_the_data] ^= 0x10;
+    std::fs::write(&table, &bytes).unwrap();
+
+    let server = Server::start(dir.path(), &args, None);
+    let base = server.base.clone();
+    let health = || get(&agent, &format!("{base}/health"));
+    assert!(
+        eventually(Duration::from_secs(30), || health().0 == 503),
+        "{:?}",
+        health()
+    );
+    let (_, health) = health();
+    assert_eq!(health["status"], "damaged", "{health}");
+    assert_eq!(health["damaged_stores"][0]["store"], "archive", "{health}");
+    assert_eq!(health["damaged_stores"][0]["keyspace"], "p000", "{health}");
+    assert_eq!(scrubbed(&base).1, Some(1.0));
+    // Every transfer is answered as it was committed, or refused as unreadable: never misread.
+    let mut unreadable = 0;
+    for n in 1..=count {
+        let (status, body) = get(&agent, &format!("{base}/transfers/{}", transfer_id(n)));
+        match status {
+            200 => assert_eq!(body["transferState"], "COMMITTED", "{body}"),
+            500 => {
+                assert_eq!(body["error"]["code"], "archive", "{body}");
+                unreadable += 1;
+            }
+            _ => panic!("transfer {n}: {status} {body}"),
+        }
+    }
+    assert!(unreadable > 0, "the damaged block held some transfer");
 }
 
 /// A ledger with 50 committed transfers, archived; stopped cleanly.

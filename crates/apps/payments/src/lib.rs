@@ -77,6 +77,7 @@ pub fn module(config: PaymentsConfig) -> Result<AppModule, String> {
     let reference = Arc::new(Reference::load(config.reference)?);
     let store = ModelStore::open(&config.data_dir.join("payments").join("model"))
         .map_err(|e| e.to_string())?;
+    let store_db = store.database();
     let model = Arc::new(RwLock::new(PaymentsModel::new(
         config.feed_events_per_partition,
         store,
@@ -100,6 +101,9 @@ pub fn module(config: PaymentsConfig) -> Result<AppModule, String> {
     Ok(AppModule {
         spec,
         routes: Box::new(move |engine, _| {
+            engine
+                .scrub_store(APP_NAME, store_db)
+                .map_err(|e| format!("spawning the payments store's scrub: {e}"))?;
             let settler = Arc::new(Settler::new(
                 engine.clone(),
                 keyring.clone(),

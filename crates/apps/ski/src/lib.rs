@@ -126,7 +126,12 @@ pub fn module(config: SkiConfig, data_dir: &Path) -> Result<AppModule, StoreErro
     };
     Ok(AppModule {
         spec,
-        routes: Box::new(move |engine, _| Ok(http::routes(engine, store, config))),
+        routes: Box::new(move |engine, _| {
+            engine
+                .scrub_store(APP_NAME, store.database())
+                .map_err(|e| format!("spawning the ski store's scrub: {e}"))?;
+            Ok(http::routes(engine, store, config))
+        }),
     })
 }
 

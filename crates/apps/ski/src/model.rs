@@ -238,6 +238,11 @@ impl RideStore {
         }))
     }
 
+    /// The database, for the engine's scrub to read back.
+    pub fn database(&self) -> fjall::Database {
+        self.db.clone()
+    }
+
     /// Per partition, the next LSN whose ride the store does not hold.
     fn rides_applied(&self) -> Result<Vec<Lsn>, StoreError> {
         decode_positions(self.rides.get(APPLIED_KEY)?.as_deref())

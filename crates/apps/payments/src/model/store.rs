@@ -148,6 +148,11 @@ impl ModelStore {
         })
     }
 
+    /// The database, for the engine's scrub to read back.
+    pub fn database(&self) -> fjall::Database {
+        self.db.clone()
+    }
+
     /// The position of the newest event of `partition` the store holds.
     pub fn applied(&self, partition: PartitionId) -> Option<FeedPosition> {
         self.applied.get(usize::from(partition)).copied().flatten()
