@@ -139,6 +139,9 @@ pub struct ServeArgs {
     /// payments: settle every this many seconds inside the server; 0 only on request [default: 0]
     #[arg(long, env = "SPATE_PAYMENTS_SETTLE_EVERY_SECS")]
     payments_settle_every_secs: Option<u64>,
+    /// payments: memory (MiB) for the block cache of the read model's list store on disk [default: 16]
+    #[arg(long, env = "SPATE_PAYMENTS_STORE_CACHE_MB")]
+    payments_store_cache_mb: Option<u64>,
     /// payments: events kept per partition for GET /v1/events [default: 1000000]
     #[arg(long, env = "SPATE_PAYMENTS_FEED_EVENTS")]
     payments_feed_events: Option<usize>,
@@ -146,6 +149,9 @@ pub struct ServeArgs {
     /// 503); each costs about 500 bytes of memory until it is final and archived [default: 10000000]
     #[arg(long, env = "SPATE_LEDGER_OPEN_TRANSFERS_MAX")]
     ledger_open_transfers_max: Option<u64>,
+    /// ski: memory (MiB) for the block cache of the read model's ride store on disk [default: 16]
+    #[arg(long, env = "SPATE_SKI_STORE_CACHE_MB")]
+    ski_store_cache_mb: Option<u64>,
     /// ski: accepted resortIDs, MIN-MAX [default: 1-10]
     #[arg(long, env = "SPATE_SKI_RESORTS")]
     ski_resorts: Option<String>,
@@ -194,6 +200,7 @@ pub struct AppOptions {
     fraud_key_file: PathBuf,
     fraud_entries_per_card: usize,
     ski: spate_ski::SkiConfig,
+    ski_store_cache_bytes: u64,
     payments: PaymentsOptions,
     ledger_open_transfers_max: u64,
 }
@@ -208,6 +215,7 @@ pub struct PaymentsOptions {
     settlement_dir: PathBuf,
     settle_every_secs: u64,
     feed_events: usize,
+    store_cache_bytes: u64,
 }
 
 impl PaymentsOptions {
@@ -231,6 +239,7 @@ impl PaymentsOptions {
             settle_every: (self.settle_every_secs > 0)
                 .then(|| Duration::from_secs(self.settle_every_secs)),
             feed_events_per_partition: self.feed_events.max(1),
+            store_cache_bytes: self.store_cache_bytes,
         })
         .map_err(|e| anyhow::anyhow!("payments: {e}"))
     }
@@ -252,8 +261,12 @@ pub fn modules(names: &[String], options: &AppOptions) -> anyhow::Result<Vec<App
         .map(|name| match name.as_str() {
             spate_tally::APP_NAME => Ok(spate_tally::module()),
             spate_leaderboard::APP_NAME => Ok(spate_leaderboard::module()),
-            spate_ski::APP_NAME => spate_ski::module(options.ski, &options.data_dir)
-                .map_err(|e| anyhow::anyhow!("ski: {e}")),
+            spate_ski::APP_NAME => spate_ski::module(
+                options.ski,
+                &options.data_dir,
+                options.ski_store_cache_bytes,
+            )
+            .map_err(|e| anyhow::anyhow!("ski: {e}")),
             spate_ledger::APP_NAME => Ok(spate_ledger::module(options.ledger_open_transfers_max)),
             spate_payments::APP_NAME => options.payments.module(&options.data_dir),
             spate_fraud::APP_NAME => {
@@ -319,12 +332,14 @@ impl ServeArgs {
                 payments_settlement_dir,
                 payments_settle_every_secs,
                 payments_feed_events,
+                payments_store_cache_mb,
                 ledger_open_transfers_max,
                 ski_resorts,
                 ski_seasons,
                 ski_skiers,
                 ski_lifts,
                 ski_times,
+                ski_store_cache_mb,
                 kafka,
                 kafka_topic,
                 kafka_timeout_s,
@@ -375,6 +390,10 @@ impl ServeArgs {
                 .unwrap_or_else(|| data_dir.join("fraud.key")),
             fraud_entries_per_card: entries_per_card,
             ski,
+            ski_store_cache_bytes: megabytes_or(
+                self.ski_store_cache_mb,
+                spate_ski::model::STORE_CACHE_BYTES_DEFAULT,
+            ),
             ledger_open_transfers_max: self
                 .ledger_open_transfers_max
                 .unwrap_or(spate_ledger::OPEN_TRANSFERS_MAX_DEFAULT),
@@ -394,6 +413,10 @@ impl ServeArgs {
                 feed_events: self
                     .payments_feed_events
                     .unwrap_or(spate_payments::model::FEED_EVENTS_PER_PARTITION_DEFAULT),
+                store_cache_bytes: megabytes_or(
+                    self.payments_store_cache_mb,
+                    spate_payments::model::STORE_CACHE_BYTES_DEFAULT,
+                ),
             },
         };
         let mut engine = EngineConfig::new(data_dir);
@@ -544,6 +567,11 @@ impl ServeArgs {
         ski.check().map_err(anyhow::Error::msg)?;
         Ok(ski)
     }
+}
+
+/// `mb` MiB in bytes, or `default_bytes` without it.
+fn megabytes_or(mb: Option<u64>, default_bytes: u64) -> u64 {
+    mb.map_or(default_bytes, |mb| mb.saturating_mul(1 << 20))
 }
 
 /// Joins the cluster of the journal in `store` as node `node_id`, reachable at `advertise` (or the listen address).

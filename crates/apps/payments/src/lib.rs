@@ -47,6 +47,8 @@ pub struct PaymentsConfig {
     /// Settle on this period inside the server; `None` only on request.
     pub settle_every: Option<Duration>,
     pub feed_events_per_partition: usize,
+    /// The block cache of the read model's list store.
+    pub store_cache_bytes: u64,
 }
 
 pub fn module(config: PaymentsConfig) -> Result<AppModule, String> {
@@ -75,8 +77,11 @@ pub fn module(config: PaymentsConfig) -> Result<AppModule, String> {
         "payments keyring open"
     );
     let reference = Arc::new(Reference::load(config.reference)?);
-    let store = ModelStore::open(&config.data_dir.join("payments").join("model"))
-        .map_err(|e| e.to_string())?;
+    let store = ModelStore::open(
+        &config.data_dir.join("payments").join("model"),
+        config.store_cache_bytes,
+    )
+    .map_err(|e| e.to_string())?;
     let store_db = store.database();
     let model = Arc::new(RwLock::new(PaymentsModel::new(
         config.feed_events_per_partition,

@@ -16,7 +16,7 @@ use std::io;
 use std::sync::{Arc, RwLock};
 
 mod store;
-pub use store::{ListChange, ModelStore, StoreError};
+pub use store::{ListChange, ModelStore, STORE_CACHE_BYTES_DEFAULT, StoreError};
 
 /// Events kept per partition for the feed; older ones are dropped (a cursor before them gets 410).
 pub const FEED_EVENTS_PER_PARTITION_DEFAULT: usize = 1_000_000;
@@ -375,7 +375,7 @@ mod tests {
 
     fn model(feed_per_partition_max: usize) -> (PaymentsModel, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
-        let store = ModelStore::open(dir.path()).unwrap();
+        let store = ModelStore::open(dir.path(), STORE_CACHE_BYTES_DEFAULT).unwrap();
         (PaymentsModel::new(feed_per_partition_max, store), dir)
     }
 
@@ -526,7 +526,12 @@ mod tests {
     #[test]
     fn a_restart_replays_onto_a_store_ahead_of_the_checkpoint_without_counting_twice() {
         let dir = tempfile::tempdir().unwrap();
-        let open = || PaymentsModel::new(10, ModelStore::open(dir.path()).unwrap());
+        let open = || {
+            PaymentsModel::new(
+                10,
+                ModelStore::open(dir.path(), STORE_CACHE_BYTES_DEFAULT).unwrap(),
+            )
+        };
         // Three payments authorized, then the three canceled.
         let events: Vec<Event> = (0..6u8)
             .map(|n| {

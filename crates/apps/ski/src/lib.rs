@@ -113,9 +113,13 @@ impl SkiConfig {
     }
 }
 
-/// ski with its read model's store under `data_dir`.
-pub fn module(config: SkiConfig, data_dir: &Path) -> Result<AppModule, StoreError> {
-    let store = RideStore::open(&data_dir.join(APP_NAME).join("model"))?;
+/// ski with its read model's store under `data_dir`, whose block cache holds `store_cache_bytes`.
+pub fn module(
+    config: SkiConfig,
+    data_dir: &Path,
+    store_cache_bytes: u64,
+) -> Result<AppModule, StoreError> {
+    let store = RideStore::open(&data_dir.join(APP_NAME).join("model"), store_cache_bytes)?;
     let spec = AppSpec {
         id: APP_ID,
         name: APP_NAME,

@@ -32,8 +32,8 @@ use std::io;
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 
-/// The block cache: recent blocks of rides and visits.
-const CACHE_BYTES: u64 = 16 << 20;
+/// The block cache's default size (`--ski-store-cache-mb`): recent blocks of rides and visits.
+pub const STORE_CACHE_BYTES_DEFAULT: u64 = 16 << 20;
 /// Memtables of rides, visits and meta (fjall's default is 64 MiB each). Each memtable written to disk
 /// holds up reads for an fsync (fjall persists its new version under the lock readers take), so what a
 /// flush writes besides rides is in `rides`, and `visits` and `meta` change only at checkpoints. A
@@ -187,11 +187,11 @@ pub struct RideStore {
 }
 
 impl RideStore {
-    pub fn open(dir: &Path) -> Result<Arc<Self>, StoreError> {
+    pub fn open(dir: &Path, cache_bytes: u64) -> Result<Arc<Self>, StoreError> {
         // Persisted by hand before each checkpoint: the journal replays whatever a crash lost since.
         // One worker: its flushes and compactions never take every core from the partitions.
         let db = fjall::Database::builder(dir)
-            .cache_size(CACHE_BYTES)
+            .cache_size(cache_bytes)
             .worker_threads(1)
             .manual_journal_persist(true)
             .max_journaling_size(JOURNAL_BYTES_MAX)
@@ -739,7 +739,7 @@ mod tests {
     }
 
     fn open(dir: &Path) -> RideProjection {
-        RideProjection::new(RideStore::open(dir).unwrap()).unwrap()
+        RideProjection::new(RideStore::open(dir, STORE_CACHE_BYTES_DEFAULT).unwrap()).unwrap()
     }
 
     /// With room for only `chunks_max` unchanged chunks of visits: they are dropped and read again.

@@ -20,8 +20,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The block cache: the indexes' recent blocks.
-const CACHE_BYTES: u64 = 16 << 20;
+/// The block cache's default size (`--payments-store-cache-mb`): the indexes' recent blocks.
+pub const STORE_CACHE_BYTES_DEFAULT: u64 = 16 << 20;
 /// The memtables of each index and of the counts and positions (fjall's default is 64 MiB each).
 const MEMTABLE_BYTES: [u64; 2] = [16 << 20, 1 << 20];
 const APPLIED_KEY: &[u8] = b"applied";
@@ -106,11 +106,11 @@ pub struct Listed {
 }
 
 impl ModelStore {
-    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+    pub fn open(dir: &Path, cache_bytes: u64) -> Result<Self, StoreError> {
         // Persisted by hand before each checkpoint: the journal replays whatever a crash lost since.
         // One worker: its flushes and compactions never take every core from the partitions.
         let db = fjall::Database::builder(dir)
-            .cache_size(CACHE_BYTES)
+            .cache_size(cache_bytes)
             .worker_threads(1)
             .manual_journal_persist(true)
             .open()?;
