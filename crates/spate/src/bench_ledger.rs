@@ -39,7 +39,16 @@ pub struct LedgerBench {
     /// closed loop, as many reads as 4 connections get)
     #[arg(long, default_value_t = 1000.0)]
     ledger_history_read_rate: f64,
+    /// ledger: with --ledger-history, a third read run, open loop at --ledger-history-read-rate, under
+    /// a batch load held to this many transfers/s (open loop, batches of 100) instead of as many as 4
+    /// connections get; 0 skips it
+    #[arg(long, default_value_t = 20_000.0)]
+    ledger_history_write_rate: f64,
 }
+
+/// Operations per request of the paced batch load of `--ledger-history-write-rate`: small enough that
+/// no request holds a core for long.
+const PACED_BATCH: usize = 100;
 
 /// `GET /participants`: the transfers in each state and the positions' sum, from the read model once it
 /// has caught up.
@@ -344,19 +353,35 @@ fn history(args: &BenchArgs) -> anyhow::Result<String> {
         (reads.written_by, reads.users) = (writers, per_writer);
         reads
     };
-    // Reads under the batch load: as many as 4 connections get, then at a set rate.
-    let read_runs = [None, Some(settings.ledger_history_read_rate)];
+    // Reads under the batch load: as many as 4 connections get, then at a set rate; then at that rate
+    // under a batch load held to a set rate of transfers.
+    let read_rate = settings.ledger_history_read_rate;
+    let write_rate = settings.ledger_history_write_rate;
+    let mut read_runs = vec![(None, None), (Some(read_rate), None)];
+    if write_rate > 0.0 {
+        read_runs.push((Some(read_rate), Some(write_rate)));
+    }
     let mut rows = String::new();
-    for (round, rate) in read_runs.into_iter().enumerate() {
+    for (round, (rate, write_rate)) in read_runs.into_iter().enumerate() {
         let mut writes = batch_load(2 + round as u64);
         writes.duration_s = args.duration_s;
+        if let Some(transfers_per_s) = write_rate {
+            // Each transfer is two operations: its prepare, then its fulfil.
+            writes.rate = Some(transfers_per_s * 2.0 / PACED_BATCH as f64);
+            writes.batch = PACED_BATCH;
+        }
+        let writes_batch = writes.batch as f64;
         let mut reads = old_reads(&server.http);
         reads.connections = if rate.is_some() { 32 } else { 4 };
         reads.duration_s = args.duration_s;
         reads.rate = rate;
-        let shape = match rate {
-            None => "closed loop, 4 connections".to_string(),
-            Some(rate) => format!("open loop, {rate:.0}/s, 32 connections"),
+        let shape = match (rate, write_rate) {
+            (None, _) => "closed loop, 4 connections".to_string(),
+            (Some(rate), None) => format!("open loop, {rate:.0}/s, 32 connections"),
+            (Some(rate), Some(write_rate)) => format!(
+                "open loop, {rate:.0}/s, 32 connections; writes held to {write_rate:.0} transfers/s \
+                 in batches of {PACED_BATCH}"
+            ),
         };
         eprintln!("ledger history: reads of old transfers under the batch load, {shape} ...");
         let (read_report, write_report) = std::thread::scope(|scope| {
@@ -368,11 +393,12 @@ fn history(args: &BenchArgs) -> anyhow::Result<String> {
             )
         });
         let (read_report, write_report) = (read_report?, write_report?);
-        let name = match rate {
-            None => "ledger-history-reads".to_string(),
-            Some(_) => "ledger-history-reads-open".to_string(),
+        let name = match (rate, write_rate) {
+            (None, _) => "ledger-history-reads",
+            (Some(_), None) => "ledger-history-reads-open",
+            (Some(_), Some(_)) => "ledger-history-reads-open-paced-writes",
         };
-        write_outputs(&read_report, &args.out, &name)?;
+        write_outputs(&read_report, &args.out, name)?;
         let l = &read_report.latency;
         rows.push_str(&format!(
             "| {shape} | {:.0} | {:.2} ms | {:.2} ms | {:.1} ms | {:.3}% | {:.0} |\n",
@@ -381,7 +407,7 @@ fn history(args: &BenchArgs) -> anyhow::Result<String> {
             l.p99_us as f64 / 1000.0,
             l.max_us as f64 / 1000.0,
             read_report.error_share * 100.0,
-            write_report.ok_rate_per_s * batch as f64 / 2.0,
+            write_report.ok_rate_per_s * writes_batch / 2.0,
         ));
     }
     let rss = crate::bench::rss_bytes(server.pid())?;
@@ -401,8 +427,8 @@ fn history(args: &BenchArgs) -> anyhow::Result<String> {
         "## ledger history: {stored} transfers stored, then random old ones read under write load\n\n\
          Filled with the batch API ({writers} connections x {batch} operations, {partitions} partitions) in \
          {:.0} s ({:.0} transfers/s); then, for {:.0} s each, `GET /transfers/{{id}}` of random transfers \
-         among the first half of each writer's while the same batch load goes on. Memory and disk during \
-         the fill: `ledger-history-memory.svg` and `.csv`.\n\n\
+         among the first half of each writer's while the same batch load goes on (in the last run, held \
+         to a set rate in smaller batches). Memory and disk during the fill: `ledger-history-memory.svg` and `.csv`.\n\n\
          | stored | RSS after the fill / after the reads | archive on disk | per transfer | data directory |\n\
          |---:|---|---:|---:|---:|\n\
          | {stored} | {:.0} / {:.0} MiB | {:.0} MiB | {:.0} B | {:.0} MiB |\n\n\
