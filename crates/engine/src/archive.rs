@@ -57,10 +57,12 @@ impl ArchiveDatabase {
     pub fn open(dir: &Path, cache_bytes: u64, memtable_bytes: u64) -> Result<Self, ArchiveError> {
         // Persisted by hand before a snapshot that relies on it is published: what was stored since
         // and lost in a crash is archived again by replay.
-        let db = fjall::Database::builder(dir)
-            .cache_size(cache_bytes)
-            .manual_journal_persist(true)
-            .open()?;
+        let db = crate::store::open(|| {
+            fjall::Database::builder(dir)
+                .cache_size(cache_bytes)
+                .manual_journal_persist(true)
+                .open()
+        })?;
         Ok(Self { db, memtable_bytes })
     }
 

@@ -18,6 +18,7 @@ mod recovery;
 mod scrub;
 pub mod segmented;
 pub mod snapshot;
+pub mod store;
 pub mod wire;
 
 pub use app::{AppSpec, Command, Effects, NewState, Projection, RestoreState, StateMachine};

@@ -109,11 +109,13 @@ impl ModelStore {
     pub fn open(dir: &Path, cache_bytes: u64) -> Result<Self, StoreError> {
         // Persisted by hand before each checkpoint: the journal replays whatever a crash lost since.
         // One worker: its flushes and compactions never take every core from the partitions.
-        let db = fjall::Database::builder(dir)
-            .cache_size(cache_bytes)
-            .worker_threads(1)
-            .manual_journal_persist(true)
-            .open()?;
+        let db = spate_engine::store::open(|| {
+            fjall::Database::builder(dir)
+                .cache_size(cache_bytes)
+                .worker_threads(1)
+                .manual_journal_persist(true)
+                .open()
+        })?;
         let keyspace = |name: &str, memtable_bytes: u64| {
             db.keyspace(name, || {
                 fjall::KeyspaceCreateOptions::default().max_memtable_size(memtable_bytes)
