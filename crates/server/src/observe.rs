@@ -17,7 +17,7 @@ use std::time::Instant;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabel {
-    method: String,
+    method: &'static str,
     route: String,
 }
 
@@ -66,7 +66,7 @@ pub async fn record(State(metrics): State<HttpMetrics>, request: Request, next: 
         .get::<MatchedPath>()
         .map_or("unmatched", |p| p.as_str())
         .to_string();
-    let method = request.method().to_string();
+    let method = method_label(request.method());
     let response = next.run(request).await;
     let status = response.status().as_u16();
     if status >= 400 {
@@ -83,6 +83,26 @@ pub async fn record(State(metrics): State<HttpMetrics>, request: Request, next: 
         .get_or_create(&RouteLabel { method, route })
         .observe(started.elapsed().as_secs_f64());
     response
+}
+
+/// A label for `method` from a fixed set: a client may send any token as a method, and each new
+/// label value would be a new series in `/metrics` for as long as the server runs. Routes are bounded
+/// already: axum's matched route templates, or "unmatched".
+fn method_label(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    const KNOWN: [(Method, &str); 7] = [
+        (Method::GET, "GET"),
+        (Method::HEAD, "HEAD"),
+        (Method::POST, "POST"),
+        (Method::PUT, "PUT"),
+        (Method::PATCH, "PATCH"),
+        (Method::DELETE, "DELETE"),
+        (Method::OPTIONS, "OPTIONS"),
+    ];
+    KNOWN
+        .iter()
+        .find(|(known, _)| known == method)
+        .map_or("other", |(_, label)| label)
 }
 
 pub fn routes(engine: EngineHandle, registry: Arc<Registry>) -> Router {

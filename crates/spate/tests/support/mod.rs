@@ -244,19 +244,27 @@ pub fn post_with_headers(
 /// no body, and returns the status and body of the answer: the server must refuse it from the header
 /// alone. (Sending the body races the server closing the connection after its 413.)
 pub fn post_oversized(base: &str, path: &str) -> (u16, String) {
+    raw_request(
+        base,
+        &format!(
+            "POST {path} HTTP/1.1\r\nContent-Type: application/json\r\n\
+             Idempotency-Key: oversized\r\nContent-Length: {}\r\n",
+            5 << 20
+        ),
+    )
+}
+
+/// Sends `head` (a request line and headers, each ending in CRLF) to the server at `base`
+/// (`http://host:port`) over a new connection, with `Host` and `Connection: close` added and no body,
+/// for requests no HTTP client would make; returns the answer's status and body.
+pub fn raw_request(base: &str, head: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let address = base.strip_prefix("http://").expect("an http:// base");
     let mut stream = std::net::TcpStream::connect(address).expect("connect");
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    write!(
-        stream,
-        "POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n\
-         Idempotency-Key: oversized\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        5 << 20
-    )
-    .unwrap();
+    write!(stream, "{head}Host: {address}\r\nConnection: close\r\n\r\n").unwrap();
     let mut answer = String::new();
     let _ = stream.read_to_string(&mut answer);
     let status = answer
