@@ -211,33 +211,6 @@ pub struct Engine {
     projection_threads: Vec<JoinHandle<()>>,
 }
 
-const META_FILE: &str = "spate.meta";
-
-/// The partition count is fixed for the life of a data directory: keys were placed by it.
-fn check_meta(data_dir: &Path, partitions: u16) -> Result<(), StartError> {
-    let path = data_dir.join(META_FILE);
-    let expected = format!("partitions = {partitions}\n");
-    match std::fs::read_to_string(&path) {
-        Ok(found) if found == expected => Ok(()),
-        Ok(found) => Err(StartError::Config(format!(
-            "{} was created with `{}`, but {partitions} partitions were requested; the partition count of a data \
-             directory cannot change",
-            data_dir.display(),
-            found.trim()
-        ))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let io = |source| crate::journal::JournalError::Io {
-                path: path.clone(),
-                source,
-            };
-            std::fs::write(&path, expected).map_err(io)?;
-            crate::journal::sync_dir(data_dir)?;
-            Ok(())
-        }
-        Err(source) => Err(crate::journal::JournalError::Io { path, source }.into()),
-    }
-}
-
 impl Engine {
     /// Recovers every partition and projection from `config.data_dir`, journals included, and starts
     /// their threads.
@@ -360,7 +333,9 @@ impl Engine {
                 source,
             }
         })?;
-        check_meta(&config.data_dir, config.partitions)?;
+        // Only an embedded journal (the one case with the archive on disk) keeps a directory for every
+        // partition here.
+        crate::meta::check(&config.data_dir, config.partitions, archive_on_disk)?;
         let archive_db = (archive_on_disk && apps.iter().any(|app| app.archives))
             .then(|| {
                 ArchiveDatabase::open(

@@ -10,6 +10,7 @@ mod disk;
 mod engine;
 mod idempotency;
 pub mod journal;
+mod meta;
 mod metrics;
 mod partition;
 mod projection;

@@ -11,6 +11,37 @@ use std::time::Duration;
 use support::Server;
 use support::tally::{Load, check_exactly_once};
 
+/// Keys are placed by the partition count, so a data directory that lost `spate.meta` must not start
+/// with another count: that lost acknowledged entries to 404s (issue 19, defect 3). The partitions'
+/// directories tell the count, and a refused start leaves no `spate.meta` behind.
+#[test]
+fn a_data_directory_without_its_meta_file_keeps_its_partition_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--partitions", "3"];
+    let server = Server::start(dir.path(), &args, None);
+    let load = Load::start(&server.base, 1, 0);
+    let loaded = support::eventually(Duration::from_secs(60), || load.acknowledged() >= 300);
+    server.kill9();
+    let acked = load.finish();
+    assert!(loaded, "the load never reached 300 acknowledged commands");
+
+    let meta = dir.path().join("spate.meta");
+    std::fs::remove_file(&meta).unwrap();
+    for wrong in ["1", "4"] {
+        let (status, log) =
+            support::refused_start_up(dir.path(), "tally", &["--partitions", wrong]);
+        assert!(!status.success(), "{wrong} partitions: started");
+        assert!(
+            log.contains("holds the directories of 3 partitions"),
+            "{wrong} partitions: {log}"
+        );
+        assert!(!meta.exists(), "a refused start wrote spate.meta");
+    }
+    let server = Server::start(dir.path(), &args, None);
+    assert_eq!(std::fs::read_to_string(&meta).unwrap(), "partitions = 3\n");
+    check_exactly_once(&server.base, &acked, "after spate.meta was written again");
+}
+
 fn run_seed(seed: u64) {
     let dir = tempfile::tempdir().unwrap();
     // Small segments and frequent snapshots, so that recovery exercises snapshot + replay + segment release;

@@ -801,7 +801,7 @@ fn an_archive_store_that_lost_records_is_refused_at_start_up() {
         let used = bytes.iter().rposition(|b| *b != 0).unwrap();
         apply(&mut bytes, used);
         std::fs::write(&journal, &bytes).unwrap();
-        let (status, log) = support::refused_start_up(dir.path(), "ledger");
+        let (status, log) = support::refused_start_up(dir.path(), "ledger", &[]);
         assert!(!status.success(), "{damage}: {log}");
         // Either fjall's recovery fails, or it cuts the journal short and spate sees records missing.
         assert!(

@@ -437,10 +437,16 @@ pub fn kill_under_load<T: Sync>(
     });
 }
 
-/// Runs `spate serve --apps <apps>` on `dir`, which must refuse to start: its exit status and log.
-pub fn refused_start_up(dir: &Path, apps: &str) -> (std::process::ExitStatus, String) {
+/// Runs `spate serve --apps <apps> <extra>` on `dir`, which must refuse to start: its exit status and
+/// log.
+pub fn refused_start_up(
+    dir: &Path,
+    apps: &str,
+    extra: &[&str],
+) -> (std::process::ExitStatus, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_spate"))
         .args(["serve", "--apps", apps, "--listen", "127.0.0.1:0"])
+        .args(extra)
         .args(["--fraud-stream-listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir)
         .env("RUST_LOG", "warn")

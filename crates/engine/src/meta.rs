@@ -1,0 +1,160 @@
+//! `spate.meta`: the partition count a data directory was created with. Keys were placed by it, so it
+//! can never change: a server started with another count would look for every key in the wrong
+//! partition and answer 404 for acknowledged data.
+//!
+//! The partitions' directories (`partitions/pNNN`) say the same thing a second way, so a missing or
+//! edited `spate.meta` is caught too. Nothing is written unless the start goes on.
+
+use crate::StartError;
+use crate::journal::JournalError;
+use std::path::Path;
+
+const META_FILE: &str = "spate.meta";
+
+/// Checks `partitions` against what `data_dir` was created with, and records it in a new data
+/// directory. `every_partition_here` is true when every partition keeps a directory on this disk
+/// (an embedded journal); a cluster node keeps the directories of the partitions it has run only.
+pub(crate) fn check(
+    data_dir: &Path,
+    partitions: u16,
+    every_partition_here: bool,
+) -> Result<(), StartError> {
+    let path = data_dir.join(META_FILE);
+    let io = |source| JournalError::Io {
+        path: path.clone(),
+        source,
+    };
+    let expected = format!("partitions = {partitions}\n");
+    let recorded = match std::fs::read_to_string(&path) {
+        Ok(found) if found == expected => true,
+        Ok(found) => {
+            return Err(StartError::Config(format!(
+                "{} was created with `{}`, but {partitions} partitions were requested; the \
+                 partition count of a data directory cannot change",
+                data_dir.display(),
+                found.trim()
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(source) => return Err(io(source).into()),
+    };
+    let on_disk = partition_dirs(data_dir)?;
+    if let Some(&highest) = on_disk.last() {
+        let fewer = highest >= partitions;
+        // A recorded count may have more partitions than directories: each is made when its journal
+        // is first opened, after this file is written.
+        let more = every_partition_here && !recorded && on_disk.len() != usize::from(partitions);
+        if fewer || more {
+            return Err(StartError::Config(format!(
+                "{partitions} partitions were requested, but {} holds the directories of {} \
+                 partitions (p000 to p{highest:03}){}; the partition count of a data directory \
+                 cannot change",
+                data_dir.join("partitions").display(),
+                on_disk.len(),
+                if recorded {
+                    String::new()
+                } else {
+                    format!(" and no {META_FILE}")
+                }
+            )));
+        }
+    }
+    if !recorded {
+        if !on_disk.is_empty() {
+            tracing::warn!(
+                partitions,
+                "{META_FILE} was missing in {}; its partitions' directories agree with the count \
+                 requested, so it is written again",
+                data_dir.display()
+            );
+        }
+        std::fs::write(&path, expected).map_err(io)?;
+        crate::journal::sync_dir(data_dir)?;
+    }
+    Ok(())
+}
+
+/// The partition numbers that have a directory under `data_dir`, in order.
+fn partition_dirs(data_dir: &Path) -> Result<Vec<u16>, StartError> {
+    let root = data_dir.join("partitions");
+    let entries = match std::fs::read_dir(&root) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(JournalError::Io { path: root, source }.into()),
+    };
+    let mut partitions = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| JournalError::Io {
+            path: root.clone(),
+            source,
+        })?;
+        let name = entry.file_name();
+        let number = (name.to_str())
+            .and_then(|name| name.strip_prefix('p'))
+            .filter(|digits| digits.len() == 3)
+            .and_then(|digits| digits.parse::<u16>().ok());
+        if let Some(number) = number {
+            partitions.push(number);
+        }
+    }
+    partitions.sort_unstable();
+    Ok(partitions)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_partition_dirs(count: u16) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for partition in 0..count {
+            std::fs::create_dir_all(crate::partition_dir(dir.path(), partition)).unwrap();
+        }
+        dir
+    }
+
+    fn meta(dir: &Path) -> Option<String> {
+        std::fs::read_to_string(dir.join(META_FILE)).ok()
+    }
+
+    #[test]
+    fn a_new_data_directory_records_its_count() {
+        let dir = tempfile::tempdir().unwrap();
+        check(dir.path(), 3, true).unwrap();
+        assert_eq!(meta(dir.path()).as_deref(), Some("partitions = 3\n"));
+        check(dir.path(), 3, true).unwrap();
+        assert!(check(dir.path(), 2, true).is_err());
+    }
+
+    #[test]
+    fn without_its_meta_file_the_partition_directories_decide() {
+        let dir = with_partition_dirs(2);
+        for wrong in [1, 3] {
+            let error = check(dir.path(), wrong, true).unwrap_err().to_string();
+            assert!(error.contains("holds the directories of 2"), "{error}");
+            assert!(error.contains("no spate.meta"), "{error}");
+            assert_eq!(meta(dir.path()), None, "a refused start wrote the file");
+        }
+        check(dir.path(), 2, true).unwrap();
+        assert_eq!(meta(dir.path()).as_deref(), Some("partitions = 2\n"));
+    }
+
+    #[test]
+    fn a_meta_file_that_disagrees_with_the_directories_is_refused() {
+        let dir = with_partition_dirs(4);
+        std::fs::write(dir.path().join(META_FILE), "partitions = 2\n").unwrap();
+        assert!(check(dir.path(), 2, true).is_err());
+        assert_eq!(meta(dir.path()).as_deref(), Some("partitions = 2\n"));
+    }
+
+    #[test]
+    fn a_cluster_node_may_hold_fewer_partitions_than_the_count() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(crate::partition_dir(dir.path(), 1)).unwrap();
+        check(dir.path(), 4, false).unwrap();
+        let other = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(crate::partition_dir(other.path(), 5)).unwrap();
+        assert!(check(other.path(), 4, false).is_err());
+        assert_eq!(meta(other.path()), None);
+    }
+}
