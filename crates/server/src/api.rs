@@ -54,6 +54,45 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// The most of a plain-text error body [`shape_errors`] reads: axum's and hyper's are one line.
+const PLAIN_ERROR_BYTES_MAX: usize = 4096;
+
+/// Puts every error answer that is not JSON yet in the one error shape: axum's own rejections (a bad
+/// query value, a path that is not UTF-8, a body over the limit) are plain text, and a 405 has no body
+/// at all. The status and headers (such as `Allow`) stay; the text becomes the message.
+pub async fn shape_errors(request: Request, next: axum::middleware::Next) -> Response {
+    let method = request.method().clone();
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = (response.headers().get(header::CONTENT_TYPE))
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("application/json"));
+    if status.as_u16() < 400 || is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, PLAIN_ERROR_BYTES_MAX)
+        .await
+        .map(|bytes| String::from_utf8_lossy(&bytes).trim().to_string())
+        .unwrap_or_default();
+    let reason = status.canonical_reason().unwrap_or("error");
+    let message = match parts.headers.get(header::ALLOW) {
+        _ if status != StatusCode::METHOD_NOT_ALLOWED && !text.is_empty() => text,
+        _ if status != StatusCode::METHOD_NOT_ALLOWED => reason.to_lowercase(),
+        Some(allowed) => format!(
+            "{method} is not allowed on this path; allowed: {}",
+            allowed.to_str().unwrap_or("?")
+        ),
+        None => format!("{method} is not allowed on this path"),
+    };
+    let code = reason.to_lowercase().replace([' ', '-'], "_");
+    let shaped = ApiError::new(status, code, message).into_response();
+    let (shaped_parts, body) = shaped.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.extend(shaped_parts.headers);
+    Response::from_parts(parts, body)
+}
+
 impl From<EngineError> for ApiError {
     fn from(error: EngineError) -> Self {
         let code = match error {

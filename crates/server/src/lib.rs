@@ -112,7 +112,8 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
             observe::record,
         ))
         .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX))
-        .layer(axum::middleware::from_fn(reject_oversized));
+        .layer(axum::middleware::from_fn(reject_oversized))
+        .layer(axum::middleware::from_fn(api::shape_errors));
 
     let listener =
         listen(config.listen).map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;

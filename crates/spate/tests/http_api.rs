@@ -167,6 +167,34 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
     );
 }
 
+/// Errors that axum itself answers (no handler runs) come in the one error shape too, not as plain
+/// text or an empty body (issue 19, defect 7).
+#[test]
+fn errors_before_any_handler_have_the_error_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[], None);
+    let base = &server.base;
+    let cases = [
+        ("DELETE /tally/totals HTTP/1.1\r\n", 405, "DELETE"),
+        ("GET /tally/accounts/x?limit=abc HTTP/1.1\r\n", 400, "limit"),
+        ("GET /tally/accounts/%FF HTTP/1.1\r\n", 400, "UTF-8"),
+    ];
+    for (head, status, mentions) in cases {
+        let (got, body) = support::raw_request(base, head);
+        assert_eq!(got, status, "{head:?}: {body}");
+        let answer: serde_json::Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("{head:?}: not JSON ({e}): {body:?}"));
+        let message = answer["error"]["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{head:?}: no error shape: {answer}"));
+        assert!(
+            message.contains(mentions),
+            "{head:?}: {message:?} should mention {mentions:?}"
+        );
+        assert!(answer["error"]["code"].is_string(), "{head:?}: {answer}");
+    }
+}
+
 /// A client may send any token as a method: each must not become a new series in `/metrics`
 /// (issue 19, defect 1: 25,000 such requests made `/metrics` 496 MB).
 #[test]
