@@ -661,9 +661,11 @@ fn kill_9_during_a_post_storm_keeps_every_acknowledged_ride_exactly_once() {
 #[test]
 fn a_damaged_or_missing_ride_store_is_refused_at_start_up() {
     // The rides sit in fjall's journal until its memtable is written to a table; a clean stop
-    // persists it and checkpoints the positions it covers. A flipped byte or a cut there makes
-    // fjall's recovery fail or stop early; a lost store holds nothing: either way spate refuses to
-    // serve a read model that is behind its checkpoint.
+    // persists it and checkpoints the positions it covers. A flipped byte in a ride's key fails the
+    // checksum of its batch; a cut makes fjall's recovery stop early; a lost store holds nothing:
+    // either way spate refuses to serve a read model that is behind its checkpoint. (A byte flipped
+    // at a fixed offset may land where fjall reads it the same way: such a store is whole, and was
+    // served, so the flip aims at a key.)
     type Damage = fn(&std::path::Path);
     let journal = |store: &std::path::Path| store.join("0.jnl");
     fn cut_or_flip(store: &std::path::Path, flip: bool) {
@@ -671,7 +673,12 @@ fn a_damaged_or_missing_ride_store_is_refused_at_start_up() {
         let mut bytes = std::fs::read(&path).unwrap();
         let used = bytes.iter().rposition(|b| *b != 0).unwrap();
         if flip {
-            bytes[used / 2] ^= 0x20;
+            // Skier 100's ride key: skier, season and day, big-endian.
+            let key = [0, 0, 0, 100, 0x07, 0xe6, 0, 1];
+            let at = (bytes.windows(key.len()))
+                .position(|window| window == key)
+                .expect("skier 100's ride key in fjall's journal");
+            bytes[at + 3] ^= 0x20;
         } else {
             bytes.truncate(used / 2);
         }
