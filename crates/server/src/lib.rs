@@ -157,6 +157,27 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     Ok(())
 }
 
+/// Makes every file and directory the process creates from here on (journals, snapshots, stores,
+/// checkpoints, keys) its user's only, 0600 and 0700, whatever the umask it was started with: sealed
+/// or not, a data directory is nobody else's business (PCI DSS asks for least access). Call it before
+/// the apps are built, as they make their keys and stores. A data directory made earlier with wider
+/// access keeps it, with a warning.
+pub fn keep_new_files_private(data_dir: &std::path::Path) {
+    // SAFETY: umask only sets the process's file mode creation mask; it cannot fail.
+    unsafe { libc::umask(0o077) };
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(metadata) = std::fs::metadata(data_dir) {
+        let mode = metadata.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            tracing::warn!(
+                data_dir = %data_dir.display(),
+                mode = format!("{mode:03o}"),
+                "the data directory is open to other users; chmod 700 it"
+            );
+        }
+    }
+}
+
 /// Refuses a request whose `Content-Length` is over [`REQUEST_BYTES_MAX`] before reading its body, so the
 /// client gets its 413 at once instead of after sending megabytes (bodies without a length are still cut
 /// at the limit by `DefaultBodyLimit`).

@@ -62,6 +62,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Commands::Serve(args) => {
             let (server_config, app_names, app_options) = args.resolve()?;
+            spate_server::keep_new_files_private(&server_config.engine.data_dir);
             let modules = config::modules(&app_names, &app_options)?;
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

@@ -195,6 +195,53 @@ fn errors_before_any_handler_have_the_error_shape() {
     }
 }
 
+/// Everything the server writes is its user's only, whatever umask it was started with (issue 19,
+/// defect 9: journals, snapshots and the keyring were 0644 under a 0755 data directory).
+#[test]
+fn every_file_the_server_writes_is_its_users_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[], None);
+    let agent = agent();
+    let url = format!("{}/tally/accounts/alice/entries", server.base);
+    let (status, _) = post(&agent, &url, None, &json!({"amount": 5, "tag": 1})).unwrap();
+    assert_eq!(status, 201);
+    assert!(server.terminate().success());
+    let mode = |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode();
+    let mut checked = 0;
+    let mut dirs = vec![data.clone()];
+    while let Some(next) = dirs.pop() {
+        assert_eq!(
+            mode(&next) & 0o077,
+            0,
+            "{}: {:o}",
+            next.display(),
+            mode(&next)
+        );
+        for entry in std::fs::read_dir(&next).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                assert_eq!(
+                    mode(&path) & 0o077,
+                    0,
+                    "{}: {:o}",
+                    path.display(),
+                    mode(&path)
+                );
+                checked += 1;
+            }
+        }
+    }
+    // Journals, snapshots, projection checkpoints, the keyring, the stores on disk.
+    assert!(checked >= 10, "only {checked} files");
+    for key in [data.with_extension("kek"), data.with_extension("fraud-key")] {
+        assert_eq!(mode(&key) & 0o077, 0, "{}", key.display());
+    }
+}
+
 /// A client may send any token as a method: each must not become a new series in `/metrics`
 /// (issue 19, defect 1: 25,000 such requests made `/metrics` 496 MB).
 #[test]

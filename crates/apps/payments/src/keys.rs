@@ -35,6 +35,11 @@ pub enum KeyError {
     #[error("{0} does not hold a {KEY_BYTES}-byte key")]
     BadKek(PathBuf),
     #[error(
+        "the key-encrypting key {kek} may be read or written by other users (mode {mode:03o}); \
+         make it its owner's only (chmod 600)"
+    )]
+    KekOpenToOthers { kek: PathBuf, mode: u32 },
+    #[error(
         "the keyring {keyring} is wrapped by key {expected}, but the key-encrypting key given is {given}"
     )]
     WrongKek {
@@ -102,7 +107,14 @@ impl Kek {
         } else {
             absolute(parent)?
         };
-        if kek_dir.starts_with(&data_dir_absolute) {
+        // The key itself too: a link outside may lead into the data directory.
+        let kek_file = match path.canonicalize() {
+            Ok(file) => Some(file),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_error(path)(e)),
+        };
+        let inside = |p: &Path| p.starts_with(&data_dir_absolute);
+        if inside(&kek_dir) || kek_file.as_deref().is_some_and(inside) {
             return Err(KeyError::KekInsideDataDir {
                 kek: path.to_path_buf(),
                 data_dir: data_dir.to_path_buf(),
@@ -112,8 +124,22 @@ impl Kek {
     }
 
     /// [`Self::load_or_create`] where no data directory is involved (making a cluster's keyring).
+    /// Refuses a key others may read or write, as ssh refuses such a private key.
     pub fn read_or_create(path: &Path) -> Result<(Self, bool), KeyError> {
         let existed = path.exists();
+        if existed {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(path)
+                .map_err(io_error(path))?
+                .permissions()
+                .mode();
+            if mode & 0o077 != 0 {
+                return Err(KeyError::KekOpenToOthers {
+                    kek: path.to_path_buf(),
+                    mode: mode & 0o777,
+                });
+            }
+        }
         let key = spate_fraud::cipher::load_or_create_key(path).map_err(|e| {
             if e.kind() == io::ErrorKind::InvalidData {
                 KeyError::BadKek(path.to_path_buf())
@@ -455,13 +481,20 @@ pub fn rotate(path: &Path, old: &Kek, new: &Kek) -> Result<Rotation, KeyError> {
 }
 
 /// Writes `bytes` to `path` so that after a crash the file holds either the old or the new content:
-/// a temporary file, fsynced, renamed over `path`, and the directory fsynced.
+/// a temporary file, fsynced, renamed over `path`, and the directory fsynced. The file is its owner's
+/// only (mode 0600): keyrings and settlement files hold what PCI DSS asks to keep from other users.
 pub fn write_durably(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let temporary = path.with_extension("tmp");
     {
-        let mut file = std::fs::File::create(&temporary)?;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temporary)?;
         file.write_all(bytes)?;
         file.sync_all()?;
     }
@@ -475,6 +508,36 @@ mod tests {
 
     fn kek(byte: u8) -> Kek {
         Kek::from_bytes([byte; KEY_BYTES])
+    }
+
+    #[test]
+    fn a_kek_others_may_read_or_reached_from_the_data_directory_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let data_dir = dir.path().join("data");
+        let path = dir.path().join("payments.kek");
+        let (_, created) = Kek::load_or_create(&path, &data_dir).unwrap();
+        assert!(created);
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let refused = Kek::load_or_create(&path, &data_dir).err().unwrap();
+        assert!(matches!(
+            refused,
+            KeyError::KekOpenToOthers { mode: 0o644, .. }
+        ));
+        assert!(refused.to_string().contains("chmod 600"), "{refused}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)).unwrap();
+        assert!(!Kek::load_or_create(&path, &data_dir).unwrap().1);
+
+        let inside = data_dir.join("kek");
+        std::fs::rename(&path, &inside).unwrap();
+        std::os::unix::fs::symlink(&inside, &path).unwrap();
+        let refused = Kek::load_or_create(&path, &data_dir).err().unwrap();
+        assert!(
+            matches!(refused, KeyError::KekInsideDataDir { .. }),
+            "{refused}"
+        );
     }
 
     #[test]
