@@ -326,7 +326,7 @@ mod tests {
     /// and the lanes: a data directory written by an older binary must still start.
     #[test]
     fn bookkeeping_of_format_1_is_still_read() {
-        let mut table = IdempotencyTable::new(60_000, 10);
+        let mut table = IdempotencyTable::new(60_000, 10, usize::MAX);
         table.insert(7, 70, 3, 1_000, b"reply");
         let mut bytes = Vec::new();
         bytes.write_u64_le(42).unwrap(); // next LSN
@@ -340,7 +340,7 @@ mod tests {
             0,
             1,
             Vec::new(),
-            IdempotencyTable::new(60_000, 10),
+            IdempotencyTable::new(60_000, 10, usize::MAX),
             crate::archive::Archive::new(None),
         );
         core.restore_bookkeeping(&mut bytes.as_slice(), 1).unwrap();

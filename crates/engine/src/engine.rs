@@ -45,6 +45,8 @@ pub struct EngineConfig {
     pub snapshot_step_bytes: usize,
     pub idempotency_window_ms: u64,
     pub idempotency_entries_max: usize,
+    /// Bound on the bytes of a partition's idempotency table (its replies, and a fixed overhead each).
+    pub idempotency_bytes_max: usize,
     /// Unacknowledged follow-ups per destination before a partition stops taking new client commands.
     pub follow_ups_in_flight_max: usize,
     pub projection_checkpoint_interval_records: u64,
@@ -83,6 +85,7 @@ impl EngineConfig {
             snapshot_step_bytes: 64 << 10,
             idempotency_window_ms: 24 * 60 * 60 * 1000,
             idempotency_entries_max: 1_000_000,
+            idempotency_bytes_max: 64 << 20,
             follow_ups_in_flight_max: 16_384,
             projection_checkpoint_interval_records: 1_000_000,
             projection_checkpoint_interval_bytes: 256 << 20,
@@ -452,6 +455,7 @@ impl Engine {
                 empty_idempotency: IdempotencyTable::new(
                     config.idempotency_window_ms,
                     config.idempotency_entries_max,
+                    config.idempotency_bytes_max,
                 ),
                 limits,
                 queue_capacity: config.queue_capacity,

@@ -1,8 +1,8 @@
 //! Remembers the replies of recent client command ids so that a retry returns the original reply instead
 //! of applying twice.
 //!
-//! Eviction is driven by the commands' own timestamps and by a count bound, never by the clock, so replay
-//! rebuilds exactly the same table.
+//! Eviction is driven by the commands' own timestamps and by bounds on entries and bytes, never by the
+//! clock, so replay rebuilds exactly the same table.
 
 use crate::CommandId;
 use crate::journal::Lsn;
@@ -13,6 +13,14 @@ use std::io::Write as _;
 
 /// Largest reply the table keeps; a snapshot holding a larger one is corrupt.
 const REPLY_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// What an entry holds besides its reply: the id, digest, LSN and timestamp in the map and the queue,
+/// and the map's own slack; counted against the table's bound on bytes with each reply.
+const ENTRY_OVERHEAD_BYTES: usize = 96;
+
+fn entry_bytes(reply_bytes: usize) -> usize {
+    ENTRY_OVERHEAD_BYTES + reply_bytes
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
@@ -41,6 +49,11 @@ pub(crate) struct IdempotencyTable {
     order: VecDeque<(CommandId, u64)>,
     window_ms: u64,
     entries_max: usize,
+    /// Bound on the entries' bytes (replies and [`ENTRY_OVERHEAD_BYTES`] each); one reply over it is
+    /// still kept, alone.
+    bytes_max: usize,
+    /// The entries' bytes as [`entry_bytes`] counts them.
+    bytes: usize,
     /// Position of `order`'s front among every entry this table held since it was created or restored.
     front_position: u64,
     /// The snapshot being written in steps: the positions still to write.
@@ -52,20 +65,17 @@ pub(crate) struct IdempotencyTable {
 /// Equal content; where a snapshot stands is not content.
 impl PartialEq for IdempotencyTable {
     fn eq(&self, other: &Self) -> bool {
-        (&self.entries, &self.order, self.window_ms, self.entries_max)
-            == (
-                &other.entries,
-                &other.order,
-                other.window_ms,
-                other.entries_max,
-            )
+        self.entries == other.entries
+            && self.order == other.order
+            && (self.window_ms, self.entries_max, self.bytes_max)
+                == (other.window_ms, other.entries_max, other.bytes_max)
     }
 }
 
 impl Eq for IdempotencyTable {}
 
 impl IdempotencyTable {
-    pub fn new(window_ms: u64, entries_max: usize) -> Self {
+    pub fn new(window_ms: u64, entries_max: usize, bytes_max: usize) -> Self {
         assert!(
             entries_max > 0,
             "an idempotency table must hold at least one entry"
@@ -75,6 +85,8 @@ impl IdempotencyTable {
             order: VecDeque::new(),
             window_ms,
             entries_max,
+            bytes_max,
+            bytes: 0,
             front_position: 0,
             snapshot: None,
             preserved: Vec::new(),
@@ -98,7 +110,7 @@ impl IdempotencyTable {
     }
 
     /// Records a newly applied command, evicting what fell out of the window (measured from `timestamp_ms`)
-    /// or over the count bound.
+    /// or over the bounds on entries and bytes, oldest first.
     pub fn insert(
         &mut self,
         command_id: CommandId,
@@ -108,15 +120,19 @@ impl IdempotencyTable {
         reply: &[u8],
     ) {
         let horizon_ms = timestamp_ms.saturating_sub(self.window_ms);
+        let adding = entry_bytes(reply.len());
         while let Some(&(oldest, at_ms)) = self.order.front() {
-            if at_ms >= horizon_ms && self.order.len() < self.entries_max {
+            let fits = self.order.len() < self.entries_max && self.bytes + adding <= self.bytes_max;
+            if at_ms >= horizon_ms && fits {
                 break;
             }
             self.preserve_front();
             self.order.pop_front();
             self.front_position += 1;
-            self.entries.remove(&oldest);
+            let evicted = self.entries.remove(&oldest).expect("queued ids are held");
+            self.bytes -= entry_bytes(evicted.reply.len());
         }
+        self.bytes += adding;
         let previous = self.entries.insert(
             command_id,
             Entry {
@@ -207,12 +223,14 @@ impl IdempotencyTable {
         self.entries.clear();
         self.order.clear();
         self.front_position = 0;
+        self.bytes = 0;
         for _ in 0..count {
             let command_id = u128::from_le_bytes(input.read_le_array()?);
             let timestamp_ms = input.read_u64_le()?;
             let payload_digest = input.read_u64_le()?;
             let lsn = input.read_u64_le()?;
             let reply = input.read_bytes_le(REPLY_BYTES_MAX)?.into_boxed_slice();
+            self.bytes += entry_bytes(reply.len());
             self.entries.insert(
                 command_id,
                 Entry {
@@ -239,7 +257,7 @@ mod tests {
 
     #[test]
     fn same_payload_returns_the_reply_and_a_different_one_is_flagged() {
-        let mut table = IdempotencyTable::new(1_000, 10);
+        let mut table = IdempotencyTable::new(1_000, 10, usize::MAX);
         assert_eq!(table.check(1, 11), Seen::New);
         table.insert(1, 11, 5, 100, b"ok");
         assert_eq!(
@@ -254,7 +272,7 @@ mod tests {
 
     #[test]
     fn evicts_by_command_time_and_by_count() {
-        let mut table = IdempotencyTable::new(1_000, 3);
+        let mut table = IdempotencyTable::new(1_000, 3, usize::MAX);
         table.insert(1, 0, 0, 0, b"");
         table.insert(2, 0, 1, 500, b"");
         table.insert(3, 0, 2, 1_200, b""); // 1 is now older than the window
@@ -267,8 +285,34 @@ mod tests {
     }
 
     #[test]
+    fn evicts_by_bytes_oldest_first_and_counts_them_back_on_restore() {
+        let bound = 3 * entry_bytes(1_000);
+        let mut table = IdempotencyTable::new(1_000_000, 100, bound);
+        for id in 0..3u128 {
+            table.insert(id, 0, id as u64, 0, &[7; 1_000]);
+        }
+        assert_eq!(table.len(), 3);
+        table.insert(3, 0, 3, 0, &[7; 1_000]); // over the bound by one reply: the oldest goes
+        assert_eq!(table.check(0, 0), Seen::New);
+        assert!(matches!(table.check(1, 0), Seen::Same { .. }));
+        assert_eq!((table.len(), table.bytes), (3, bound));
+        table.insert(4, 0, 4, 0, &[7; 2_500]); // needs the room of three
+        assert_eq!(table.len(), 1);
+        table.insert(5, 0, 5, 0, &[7; 10_000]); // over the bound alone: kept, alone
+        assert_eq!(table.len(), 1);
+        assert!(matches!(table.check(5, 0), Seen::Same { .. }));
+
+        let mut bytes = Vec::new();
+        table.write_snapshot(&mut bytes).unwrap();
+        let mut restored = IdempotencyTable::new(1_000_000, 100, bound);
+        restored.restore(&mut bytes.as_slice()).unwrap();
+        assert_eq!(restored.bytes, table.bytes);
+        assert_eq!(restored, table);
+    }
+
+    #[test]
     fn a_stepped_snapshot_is_the_table_at_its_start_despite_evictions() {
-        let mut table = IdempotencyTable::new(1_000_000, 6);
+        let mut table = IdempotencyTable::new(1_000_000, 6, usize::MAX);
         for id in 0..6u128 {
             table.insert(id, id as u64, id as u64, id as u64, &[id as u8; 20]);
         }
@@ -289,20 +333,20 @@ mod tests {
             Seen::New,
             "the oldest entries were evicted"
         );
-        let mut restored = IdempotencyTable::new(1_000_000, 6);
+        let mut restored = IdempotencyTable::new(1_000_000, 6, usize::MAX);
         restored.restore(&mut stepped.as_slice()).unwrap();
         assert_eq!(restored.len(), 6);
     }
 
     #[test]
     fn snapshot_round_trip_keeps_order_and_replies() {
-        let mut table = IdempotencyTable::new(1_000, 10);
+        let mut table = IdempotencyTable::new(1_000, 10, usize::MAX);
         for id in 0..5u128 {
             table.insert(id, id as u64 * 7, id as u64, id as u64 * 10, &[id as u8; 3]);
         }
         let mut bytes = Vec::new();
         table.write_snapshot(&mut bytes).unwrap();
-        let mut restored = IdempotencyTable::new(1_000, 10);
+        let mut restored = IdempotencyTable::new(1_000, 10, usize::MAX);
         restored.restore(&mut bytes.as_slice()).unwrap();
         assert_eq!(restored, table);
     }

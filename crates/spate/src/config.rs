@@ -108,6 +108,9 @@ pub struct ServeArgs {
     /// Most command ids remembered per partition [default: 1000000]
     #[arg(long, env = "SPATE_IDEMPOTENCY_ENTRIES_MAX")]
     idempotency_entries_max: Option<usize>,
+    /// Most MiB of replies remembered per partition, with 96 bytes per entry besides [default: 64]
+    #[arg(long, env = "SPATE_IDEMPOTENCY_MB")]
+    idempotency_mb: Option<u64>,
     /// fraud: address of the acknowledged record stream, or "off" [default: 127.0.0.1:8090]
     #[arg(long, env = "SPATE_FRAUD_STREAM_LISTEN")]
     fraud_stream_listen: Option<String>,
@@ -322,6 +325,7 @@ impl ServeArgs {
                 queue_capacity,
                 idempotency_window_ms,
                 idempotency_entries_max,
+                idempotency_mb,
                 fraud_stream_listen,
                 fraud_key_file,
                 fraud_entries_per_card,
@@ -476,6 +480,10 @@ impl ServeArgs {
         }
         if let Some(entries) = self.idempotency_entries_max {
             engine.idempotency_entries_max = entries.max(1);
+        }
+        if let Some(mb) = self.idempotency_mb {
+            engine.idempotency_bytes_max =
+                usize::try_from(mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
         }
         let listen = self
             .listen
