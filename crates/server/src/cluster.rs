@@ -79,8 +79,10 @@ impl HttpRemote {
         secret: ClusterSecret,
         partitions: u16,
     ) -> Arc<Self> {
+        // Idle connections are dropped well before the other node's header read timeout (30 s by
+        // default) closes them, so a request never goes out on one being closed.
         let client: HttpClient = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_idle_timeout(Duration::from_secs(10))
             .build_http();
         let nodes = OtherNodes {
             client,

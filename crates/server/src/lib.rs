@@ -4,6 +4,7 @@
 pub mod api;
 mod cluster;
 pub mod cluster_auth;
+pub mod connections;
 mod observe;
 
 use axum::Router;
@@ -32,6 +33,7 @@ pub struct AppModule {
 
 pub struct ServerConfig {
     pub listen: SocketAddr,
+    pub connections: connections::ConnectionLimits,
     pub engine: EngineConfig,
     /// Where the partitions' logs live; `None` for the embedded journal in the data directory.
     pub logs: Option<Arc<dyn LogStore>>,
@@ -82,6 +84,7 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     let engine = started.map_err(|e| e.to_string())?;
     let handle = engine.handle();
     let http_metrics = observe::HttpMetrics::register(&mut registry);
+    let connection_metrics = connections::ConnectionMetrics::register(&mut registry);
     let mut app_routes = Router::new();
     for build in route_builders {
         match build(handle.clone(), &mut registry) {
@@ -138,9 +141,14 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
         }
         None => None,
     };
-    let served = axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown_signal())
-        .await;
+    connections::serve(
+        listener,
+        router,
+        config.connections,
+        connection_metrics,
+        shutdown_signal(),
+    )
+    .await;
     if let Some(membership) = membership {
         tracing::info!("leaving the cluster: handing partitions over");
         tokio::task::spawn_blocking(move || membership.leave())
@@ -151,7 +159,6 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     let stopped = tokio::task::spawn_blocking(move || engine.shutdown())
         .await
         .map_err(|e| e.to_string())?;
-    served.map_err(|e| e.to_string())?;
     stopped?;
     tracing::info!("shut down cleanly");
     Ok(())

@@ -42,6 +42,18 @@ pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:8080]
     #[arg(long, env = "SPATE_LISTEN")]
     listen: Option<SocketAddr>,
+    /// Most client connections served at once; more wait to be accepted [default: 4096]
+    #[arg(long, env = "SPATE_CONNECTIONS_MAX")]
+    connections_max: Option<usize>,
+    /// How long a request's line and headers may take, and a connection may idle, in ms [default: 30000]
+    #[arg(long, env = "SPATE_HEADER_READ_TIMEOUT_MS")]
+    header_read_timeout_ms: Option<u64>,
+    /// The longest a request body may stop arriving, in ms [default: 30000]
+    #[arg(long, env = "SPATE_BODY_READ_TIMEOUT_MS")]
+    body_read_timeout_ms: Option<u64>,
+    /// Most bytes of a request's line and headers (at least 8192) [default: 65536]
+    #[arg(long, env = "SPATE_HEADER_BYTES_MAX")]
+    header_bytes_max: Option<usize>,
     /// Number of partitions; fixed for the life of a data directory [default: one per core]
     #[arg(long, env = "SPATE_PARTITIONS")]
     partitions: Option<u16>,
@@ -306,6 +318,10 @@ impl ServeArgs {
                 file,
                 data_dir,
                 listen,
+                connections_max,
+                header_read_timeout_ms,
+                body_read_timeout_ms,
+                header_bytes_max,
                 partitions,
                 apps,
                 durability,
@@ -488,6 +504,18 @@ impl ServeArgs {
         let listen = self
             .listen
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
+        let defaults = spate_server::connections::ConnectionLimits::default();
+        let connections = spate_server::connections::ConnectionLimits {
+            connections_max: self
+                .connections_max
+                .unwrap_or(defaults.connections_max)
+                .max(1),
+            header_read_timeout_ms: (self.header_read_timeout_ms)
+                .unwrap_or(defaults.header_read_timeout_ms),
+            body_read_timeout_ms: (self.body_read_timeout_ms)
+                .unwrap_or(defaults.body_read_timeout_ms),
+            header_bytes_max: self.header_bytes_max.unwrap_or(defaults.header_bytes_max),
+        };
         let (logs, cluster) = match self.kafka {
             None if self.node_id.is_some()
                 || self.advertise.is_some()
@@ -549,6 +577,7 @@ impl ServeArgs {
         Ok((
             ServerConfig {
                 listen,
+                connections,
                 engine,
                 logs,
                 cluster,

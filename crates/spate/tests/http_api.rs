@@ -242,6 +242,118 @@ fn every_file_the_server_writes_is_its_users_only() {
     }
 }
 
+/// A client that sends its headers or its body too slowly, or never, or keeps a connection idle, is cut
+/// after the configured timeouts, and the server keeps serving everyone else meanwhile, even with every
+/// connection it allows taken (issue 19, defect 6).
+#[test]
+fn slow_idle_and_stalled_clients_are_cut_and_others_are_served() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let limits = [
+        "--header-read-timeout-ms",
+        "1000",
+        "--body-read-timeout-ms",
+        "1000",
+        "--connections-max",
+        "8",
+        "--header-bytes-max",
+        "16384",
+    ];
+    let server = Server::start(dir.path(), &limits, None);
+    let base = &server.base;
+    let address = base.strip_prefix("http://").unwrap().to_string();
+    let connect = || {
+        let stream = std::net::TcpStream::connect(&address).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        stream
+    };
+    // Reads until the server closes the connection; what it answered, and when it closed.
+    let until_closed = |mut stream: std::net::TcpStream| {
+        let mut answer = Vec::new();
+        let read = stream.read_to_end(&mut answer);
+        assert!(read.is_ok(), "still open after 20 s: {read:?}");
+        (String::from_utf8_lossy(&answer).to_string(), Instant::now())
+    };
+    let started = Instant::now();
+    // Twenty slowloris connections, an HTTP/0.9 line, a connection left idle after one request: more
+    // than the eight connections allowed.
+    let mut slow = Vec::new();
+    for _ in 0..20 {
+        let mut stream = connect();
+        write!(
+            stream,
+            "GET /health HTTP/1.1\r\nHost: {address}\r\nX-Slow: 1"
+        )
+        .unwrap();
+        slow.push(stream);
+    }
+    let mut old = connect();
+    write!(old, "GET /\r\n").unwrap();
+    let mut idle = connect();
+    write!(idle, "GET /health HTTP/1.1\r\nHost: {address}\r\n\r\n").unwrap();
+    // Everyone else is still served: once the slow ones are cut, the queued ones get their turn.
+    let agent = agent();
+    let (status, health) = get(&agent, &format!("{base}/health"));
+    assert_eq!(status, 200, "{health}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "/health waited {:?}",
+        started.elapsed()
+    );
+    for stream in slow.into_iter().chain([old]) {
+        let (answer, closed_at) = until_closed(stream);
+        assert!(
+            !answer.contains(" 200 "),
+            "a request that never ended was answered: {answer:?}"
+        );
+        assert!(closed_at - started < Duration::from_secs(20));
+    }
+    let (answer, _) = until_closed(idle);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+
+    // A body shorter than its Content-Length: an answer in the error shape once it stalls.
+    let mut stalled = connect();
+    write!(
+        stalled,
+        "POST /tally/accounts/alice/entries HTTP/1.1\r\nHost: {address}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"amount\": 1"
+    )
+    .unwrap();
+    let (answer, _) = until_closed(stalled);
+    assert!(answer.starts_with("HTTP/1.1 4"), "{answer:?}");
+    assert!(answer.contains("stopped arriving"), "{answer:?}");
+
+    // Headers over the limit: refused with 431, though the server's close with our bytes unread may
+    // reset the connection before the answer is read (and the write), so the metrics tell.
+    let mut large = connect();
+    let filler = "x".repeat(32 << 10);
+    let _ = write!(
+        large,
+        "GET /health HTTP/1.1\r\nHost: {address}\r\nX-Large: {filler}\r\n\r\n"
+    );
+    let mut answer = Vec::new();
+    let _ = large.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
+        "{answer:.40?}"
+    );
+
+    let metrics = support::metrics_text(&agent, base);
+    let cut = |reason: &str| -> f64 {
+        let prefix = format!("spate_http_connections_cut_total{{reason=\"{reason}\"}} ");
+        (metrics.lines())
+            .find_map(|line| line.strip_prefix(&prefix)?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(cut("header_timeout") >= 21.0, "{metrics}");
+    assert!(cut("body_timeout") >= 1.0, "{metrics}");
+    assert!(cut("malformed") >= 1.0, "{metrics}");
+}
+
 /// A client may send any token as a method: each must not become a new series in `/metrics`
 /// (issue 19, defect 1: 25,000 such requests made `/metrics` 496 MB).
 #[test]
