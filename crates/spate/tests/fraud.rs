@@ -115,8 +115,20 @@ fn http_scoring_equals_offline_scoring_and_bad_input_is_refused() {
         .0,
         404
     );
+    // A history larger than the machine's memory is refused before anything is generated (issue 19,
+    // defect 2: this one grew the server by 110 MB/s until it was killed).
+    let generate = format!("{}/fraud/history/generate", server.base);
+    let huge = json!({"cards": 100_000_000, "length": 100, "now_ms": START_MS});
+    let (status, reply) = post(&agent, &generate, None, &huge).unwrap();
+    assert_eq!(status, 413, "{reply}");
+    assert_eq!(reply["error"]["code"], "not_enough_memory", "{reply}");
+    assert!(
+        (reply["error"]["message"].as_str().unwrap()).contains("MiB available"),
+        "{reply}"
+    );
     let (_, stats) = get(&agent, &format!("{}/fraud/stats", server.base));
     assert_eq!(stats["scored"], 400, "refused requests change nothing");
+    assert_eq!(stats["imported"], u64::from(cards) * 20);
 
     // Card numbers are encrypted in the journal and in the final snapshot.
     let secrets: Vec<Value> = SECRET_CARDS

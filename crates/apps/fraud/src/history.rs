@@ -189,6 +189,19 @@ fn allocation_bytes(len: usize, cap: usize) -> usize {
     HEADER_BYTES + len.next_multiple_of(GROWTH_ENTRIES).min(cap).max(len) * ENTRY_BYTES
 }
 
+/// What a card costs the store besides its entries: its slot in the card index, and the allocator's.
+const CARD_OVERHEAD_BYTES: u64 = 64;
+
+/// About the memory `cards` cards with `len` entries each take, stored with at most `cap` each.
+pub fn memory_estimate_bytes(cards: u64, len: usize, cap: usize) -> u64 {
+    let per_card = if len == 0 {
+        CARD_OVERHEAD_BYTES
+    } else {
+        allocation_bytes(len.min(cap), cap) as u64 + CARD_OVERHEAD_BYTES
+    };
+    cards.saturating_mul(per_card)
+}
+
 /// How many transactions ahead [`HistoryStore::score_batch`] prefetches (measured: see BENCHMARKS.md).
 pub const PREFETCH_AHEAD: usize = 8;
 

@@ -39,9 +39,11 @@ const QUEUE_PATIENCE: Duration = Duration::from_secs(2);
 struct Context {
     ingest: Ingest,
     rate_per_s: Arc<AtomicU64>,
+    /// The most entries a card's history keeps (`--fraud-entries-per-card`).
+    entries_per_card_max: usize,
 }
 
-pub fn routes(ingest: Ingest) -> Router {
+pub fn routes(ingest: Ingest, entries_per_card_max: usize) -> Router {
     let rate_per_s = Arc::new(AtomicU64::new(0));
     tokio::spawn(sample_rate(ingest.clone(), rate_per_s.clone()));
     Router::new()
@@ -49,7 +51,11 @@ pub fn routes(ingest: Ingest) -> Router {
         .route("/fraud/cards/{card}", get(card))
         .route("/fraud/stats", get(stats))
         .route("/fraud/history/generate", post(generate))
-        .with_state(Context { ingest, rate_per_s })
+        .with_state(Context {
+            ingest,
+            rate_per_s,
+            entries_per_card_max,
+        })
 }
 
 async fn sample_rate(ingest: Ingest, rate_per_s: Arc<AtomicU64>) {
@@ -302,6 +308,20 @@ impl SeedsBody {
 /// Upper bound on generated history, to keep a typo from filling memory: 100 M cards x 100.
 const GENERATED_RECORDS_MAX: u64 = 10_000_000_000;
 
+/// Memory a generated history must leave free, of what the machine has available: the rest of the
+/// server (and its snapshots' buffers) needs some.
+const GENERATE_MEMORY_HEADROOM_PERCENT: u64 = 20;
+
+/// The machine's available memory (`MemAvailable` in `/proc/meminfo`), if it can be read.
+fn available_memory_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo
+        .lines()
+        .find(|line| line.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
 async fn generate(
     State(context): State<Context>,
     headers: HeaderMap,
@@ -317,6 +337,28 @@ async fn generate(
         return Err(ApiError::bad_request(format!(
             "at most {GENERATED_RECORDS_MAX} records"
         )));
+    }
+    let needed_bytes = crate::history::memory_estimate_bytes(
+        u64::from(body.cards),
+        length as usize,
+        context.entries_per_card_max,
+    );
+    if let Some(available) = available_memory_bytes() {
+        let allowed = available / 100 * (100 - GENERATE_MEMORY_HEADROOM_PERCENT);
+        if needed_bytes > allowed {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "not_enough_memory",
+                format!(
+                    "{} cards x {length} entries would take about {} MiB of memory; this machine \
+                     has {} MiB available, of which a history may take {} MiB",
+                    body.cards,
+                    needed_bytes >> 20,
+                    available >> 20,
+                    allowed >> 20
+                ),
+            ));
+        }
     }
     let now_ms = body.now_ms.unwrap_or_else(|| {
         SystemTime::now()

@@ -92,7 +92,7 @@ pub fn module(config: FraudConfig) -> AppModule {
                 println!("spate fraud stream on {local}");
                 tokio::spawn(stream::serve(listener, ingest.clone()));
             }
-            Ok(http::routes(ingest))
+            Ok(http::routes(ingest, cap))
         }),
     }
 }
