@@ -514,6 +514,15 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
             );
         }
     }
+    let (status, body) =
+        support::raw_request(base, &format!("DELETE {} HTTP/1.1\r\n", good.url("")));
+    assert_eq!(status, 405, "{body}");
+    let reply: serde_json::Value =
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body:?}"));
+    assert!(
+        (reply["message"].as_str().unwrap_or("")).contains("DELETE"),
+        "{reply}"
+    );
     // An oversized body is refused from its Content-Length, before it is read.
     let path = good.url("");
     assert_eq!(support::post_oversized(base, &path).0, 413);
