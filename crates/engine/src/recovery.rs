@@ -106,8 +106,8 @@ pub(crate) fn recover_partition(
 ) -> Result<Core, StartError> {
     let mut restored = None;
     for (lsn, path) in snapshot::list(snapshot_dir)? {
-        if lsn < log.first_lsn() || lsn > log.next_lsn() {
-            tracing::warn!(partition, snapshot = %path.display(), "snapshot does not meet the journal; skipped");
+        if lsn < log.first_lsn() {
+            tracing::warn!(partition, snapshot = %path.display(), "snapshot older than the journal's first record; skipped");
             continue;
         }
         let mut core = fresh_core(
@@ -121,6 +121,21 @@ pub(crate) fn recover_partition(
             read_partition_snapshot(&mut input, &mut core, specs)?;
             input.finish()
         });
+        // A snapshot is written only after the records it covers are in the journal: one past the
+        // journal's end proves the journal lost acknowledged records (a truncated or damaged segment).
+        // Starting from the journal alone would drop them silently.
+        if lsn > log.next_lsn() && matches!(loaded, Ok(()) if core.next_lsn == lsn) {
+            return Err(StartError::Unrecoverable(format!(
+                "partition {partition}: the journal ends at LSN {}, but snapshot {} holds the state \
+                 at LSN {lsn}: the journal lost {} records that were written (a truncated or damaged \
+                 segment). Restore the journal; or, to start from the journal as it is and lose \
+                 them, move that snapshot out of {}",
+                log.next_lsn(),
+                path.display(),
+                lsn - log.next_lsn(),
+                snapshot_dir.display()
+            )));
+        }
         match loaded {
             Ok(()) if core.next_lsn == lsn => {
                 // An older snapshot would not help: it relies on the store for older records.

@@ -42,6 +42,42 @@ fn a_data_directory_without_its_meta_file_keeps_its_partition_count() {
     check_exactly_once(&server.base, &acked, "after spate.meta was written again");
 }
 
+/// A snapshot past the journal's end proves that the journal lost acknowledged records: the start is
+/// refused, naming both, instead of skipping the snapshot and serving without them (issue 19, defect
+/// 4: 31 acknowledged writes lost).
+#[test]
+fn a_journal_cut_behind_its_snapshot_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--partitions", "1"];
+    let server = Server::start(dir.path(), &["--apps", "tally", "--partitions", "1"], None);
+    let agent = support::agent();
+    for i in 0..200 {
+        let url = format!("{}/tally/accounts/a{i}/entries", server.base);
+        let body = serde_json::json!({"amount": 1, "tag": i});
+        assert_eq!(support::post(&agent, &url, None, &body).unwrap().0, 201);
+    }
+    assert!(
+        server.terminate().success(),
+        "a clean stop writes the final snapshot"
+    );
+    let journal = dir.path().join("partitions/p000/journal");
+    let segment = std::fs::read_dir(&journal)
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.path())
+        .max()
+        .unwrap();
+    let bytes = std::fs::read(&segment).unwrap();
+    let used = bytes.iter().rposition(|b| *b != 0).unwrap();
+    std::fs::write(&segment, &bytes[..used / 2]).unwrap();
+    std::fs::remove_dir_all(dir.path().join("projections")).unwrap();
+
+    let (status, log) = support::refused_start_up(dir.path(), "tally", &args);
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("the journal lost"), "{log}");
+    assert!(log.contains("move that snapshot out of"), "{log}");
+}
+
 fn run_seed(seed: u64) {
     let dir = tempfile::tempdir().unwrap();
     // Small segments and frequent snapshots, so that recovery exercises snapshot + replay + segment release;
