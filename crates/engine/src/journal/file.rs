@@ -45,8 +45,74 @@ impl Default for JournalConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RecoveryReport {
     pub segments: usize,
-    /// Bytes cut from the end of the newest segment: a group commit that was torn by the crash.
+    /// Bytes cut from the end of the newest segment (up to the last one ever written).
     pub torn_tail_bytes: u64,
+    /// The records those bytes began, the first at LSN [`Self::cut_from_lsn`]. Records a cut file
+    /// lost entirely are not counted: nothing of them is left (a snapshot past the journal's end
+    /// catches that, see `recovery.rs`).
+    pub cut_records: u64,
+    pub cut_from_lsn: Lsn,
+    /// Why, as far as can be told: [`TORN_WRITE`] or [`DAMAGED_RECORD`]; empty when nothing was cut.
+    pub cut_cause: &'static str,
+}
+
+/// The first record cut is not one byte away from whole: most likely a write a crash cut short.
+pub const TORN_WRITE: &str = "a torn write: a group commit interrupted by a crash";
+/// The first record cut is whole but for one byte: something changed it after it was written.
+pub const DAMAGED_RECORD: &str = "a damaged record: one byte of it differs from what was written";
+
+/// The longest record [`one_byte_from_whole`] searches (about 255 checksums of it per byte).
+const DAMAGE_SEARCH_BYTES_MAX: usize = 1024;
+
+/// True if changing one byte after the length field of the record at the start of `bytes` makes it
+/// whole: a changed byte, not a write cut short (which leaves the record's end unwritten: zeros, in a
+/// preallocated segment). Records over [`DAMAGE_SEARCH_BYTES_MAX`] are not searched.
+fn one_byte_from_whole(bytes: &[u8]) -> bool {
+    let Some(length_bytes) = bytes.get(..4) else {
+        return false;
+    };
+    let length = u32::from_le_bytes(length_bytes.try_into().expect("4 bytes")) as usize;
+    let total = crate::record::FRAME_HEADER_BYTES + length;
+    if length == 0 || total > DAMAGE_SEARCH_BYTES_MAX || total > bytes.len() {
+        return false;
+    }
+    let mut frame = bytes[..total].to_vec();
+    for at in 4..total {
+        let original = frame[at];
+        for value in (0..=u8::MAX).filter(|&value| value != original) {
+            frame[at] = value;
+            if matches!(read_frame(&frame), Frame::Valid { .. }) {
+                return true;
+            }
+        }
+        frame[at] = original;
+    }
+    false
+}
+
+/// Counts the records the cut bytes `written` began (each from its declared length, until one does
+/// not parse or runs past them), and tells damage from a torn write (see [`one_byte_from_whole`];
+/// `rest` is the segment from the first cut byte on, its never-written end included).
+fn describe_cut(written: &[u8], rest: &[u8]) -> (u64, &'static str) {
+    let cause = if one_byte_from_whole(rest) {
+        DAMAGED_RECORD
+    } else {
+        TORN_WRITE
+    };
+    let mut records = 0;
+    let mut offset = 0;
+    while offset < written.len() {
+        records += 1;
+        let Some(length_bytes) = written.get(offset..offset + 4) else {
+            break;
+        };
+        let length = u32::from_le_bytes(length_bytes.try_into().expect("4 bytes")) as usize;
+        if length == 0 || length > crate::record::RECORD_BYTES_MAX {
+            break;
+        }
+        offset += crate::record::FRAME_HEADER_BYTES + length;
+    }
+    (records, cause)
 }
 
 #[derive(Debug)]
@@ -179,8 +245,12 @@ impl LogStore for FileLogStore {
         if report.torn_tail_bytes > 0 {
             tracing::warn!(
                 partition,
-                torn_tail_bytes = report.torn_tail_bytes,
-                "recovered from a torn journal tail"
+                cut_bytes = report.torn_tail_bytes,
+                cut_records = report.cut_records,
+                cut_from_lsn = report.cut_from_lsn,
+                cause = report.cut_cause,
+                "recovered the journal by cutting its tail; the records cut were never acknowledged \
+                 if the cause is a torn write"
             );
         }
         Ok(Box::new(journal))
@@ -296,7 +366,7 @@ impl FileJournal {
         let mut segments = list_segments(dir)?;
         let mut report = RecoveryReport {
             segments: segments.len(),
-            torn_tail_bytes: 0,
+            ..RecoveryReport::default()
         };
 
         if segments.is_empty() {
@@ -345,12 +415,21 @@ impl FileJournal {
             .rposition(|&b| b != 0)
             .map_or(0, |last_written| last_written + 1);
         if torn_bytes > 0 {
+            let (records, cause) = describe_cut(
+                &bytes[valid_bytes..valid_bytes + torn_bytes],
+                &bytes[valid_bytes..],
+            );
             report.torn_tail_bytes = torn_bytes as u64;
+            report.cut_records = records;
+            report.cut_from_lsn = last.first_lsn + count;
+            report.cut_cause = cause;
             tracing::warn!(
                 segment = %last.path.display(),
                 offset = valid_bytes,
-                dropped_bytes = report.torn_tail_bytes,
-                "cutting the torn tail of the journal (a group commit interrupted by a crash)"
+                cut_bytes = report.torn_tail_bytes,
+                cut_records = records,
+                cut_from_lsn = report.cut_from_lsn,
+                "cutting the end of the journal: {cause}"
             );
             current
                 .set_len(valid_bytes as u64)
@@ -663,11 +742,25 @@ mod tests {
             // Counted up to the last non-zero byte: zeros the torn record ends with look unused.
             let torn = report.torn_tail_bytes;
             assert!(torn > 0 && torn <= (record_bytes - cut) as u64, "{torn}");
+            let cut_report = (report.cut_records, report.cut_from_lsn, report.cut_cause);
+            assert_eq!(cut_report, (1, 9, TORN_WRITE), "cut {cut}");
             assert_eq!(collect(&journal, 0), (0..9).collect::<Vec<_>>());
             let on_disk = fs::read(&path).unwrap();
             assert_eq!(&on_disk[..record_bytes * 9], &bytes[..record_bytes * 9]);
             assert!(unused(&on_disk[record_bytes * 9..]), "tail cut on disk too");
         }
+    }
+
+    #[test]
+    fn a_flipped_byte_in_the_last_record_is_cut_and_reported_as_damage() {
+        let (dir, path, mut bytes) = one_segment_journal(10);
+        let record_bytes = bytes.len() / 10;
+        bytes[record_bytes * 9 + record_bytes / 2] ^= 0x40;
+        fs::write(&path, &bytes).unwrap();
+        let (journal, report) = FileJournal::open(dir.path(), JournalConfig::default()).unwrap();
+        let cut_report = (report.cut_records, report.cut_from_lsn, report.cut_cause);
+        assert_eq!(cut_report, (1, 9, DAMAGED_RECORD));
+        assert_eq!(collect(&journal, 0), (0..9).collect::<Vec<_>>());
     }
 
     #[test]
