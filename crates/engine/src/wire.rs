@@ -211,8 +211,21 @@ pub trait ReadLe: std::io::Read {
                 format!("byte string of {len} bytes exceeds the limit of {len_max}"),
             ));
         }
-        let mut buf = vec![0; len];
-        self.read_exact(&mut buf)?;
+        self.read_len_bytes(len as u64)
+    }
+
+    /// Reads `len` bytes, as told by a length read from the same untrusted input: the buffer grows as
+    /// bytes arrive, so a damaged length ends in an error at the input's end, not in an allocation of
+    /// its size (found by fuzzing a snapshot, `fuzz/fuzz_targets/snapshot_restore.rs`).
+    fn read_len_bytes(&mut self, len: u64) -> std::io::Result<Vec<u8>> {
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::Read::take(&mut *self, len), &mut buf)?;
+        if (buf.len() as u64) < len {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("{len} bytes announced, {} found", buf.len()),
+            ));
+        }
         Ok(buf)
     }
 }
@@ -220,6 +233,17 @@ impl<R: std::io::Read + ?Sized> ReadLe for R {}
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_huge_announced_length_is_an_error_not_an_allocation() {
+        use super::ReadLe;
+        let mut input: &[u8] = &[1, 2, 3];
+        let error = input.read_len_bytes(0x41ff_0000_0000).unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::UnexpectedEof);
+        let mut input: &[u8] = &[1, 2, 3, 4];
+        assert_eq!(input.read_len_bytes(3).unwrap(), [1, 2, 3]);
+        assert_eq!(input, [4]);
+    }
+
     use super::*;
 
     #[test]

@@ -42,8 +42,7 @@ pub fn write_prefixed(out: &mut dyn io::Write, bytes: &[u8]) -> io::Result<()> {
 /// Reads what [`write_prefixed`] wrote and decodes it.
 pub fn read_prefixed<T: serde::de::DeserializeOwned>(input: &mut dyn io::Read) -> io::Result<T> {
     let len = input.read_u64_le()?;
-    let mut bytes = vec![0; usize::try_from(len).map_err(io::Error::other)?];
-    input.read_exact(&mut bytes)?;
+    let bytes = input.read_len_bytes(len)?;
     decode(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
