@@ -54,43 +54,84 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// The most of a plain-text error body [`shape_errors`] reads: axum's and hyper's are one line.
-const PLAIN_ERROR_BYTES_MAX: usize = 4096;
+/// The most of an error body [`ErrorAnswer::read`] reads: axum's and hyper's are one line, the apps'
+/// a small JSON object.
+const ERROR_BODY_BYTES_MAX: usize = 64 << 10;
+
+/// An error answer taken apart, to be put in an app's error shape: what it says, and its bytes for a
+/// caller that finds it in the right shape already.
+pub struct ErrorAnswer {
+    pub parts: axum::http::response::Parts,
+    pub bytes: axum::body::Bytes,
+    /// The `message` of a body in the one error shape, else its text, else (an empty body) the
+    /// status's reason; a 405 names the method and what `Allow` allows.
+    pub message: String,
+}
+
+impl ErrorAnswer {
+    /// Reads the body of `response`, an error answer to a `method` request.
+    pub async fn read(method: &axum::http::Method, response: Response) -> Self {
+        debug_assert!(response.status().as_u16() >= 400, "not an error answer");
+        let (parts, body) = response.into_parts();
+        let bytes = axum::body::to_bytes(body, ERROR_BODY_BYTES_MAX)
+            .await
+            .unwrap_or_default();
+        let status = parts.status;
+        let in_error_shape = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|body| Some(body["error"]["message"].as_str()?.to_string()));
+        let text = String::from_utf8_lossy(&bytes).trim().to_string();
+        let message = match (in_error_shape, parts.headers.get(header::ALLOW)) {
+            (Some(message), _) => message,
+            (None, _) if status != StatusCode::METHOD_NOT_ALLOWED && !text.is_empty() => text,
+            (None, _) if status != StatusCode::METHOD_NOT_ALLOWED => {
+                status.canonical_reason().unwrap_or("error").to_lowercase()
+            }
+            (None, Some(allowed)) => format!(
+                "{method} is not allowed on this path; allowed: {}",
+                allowed.to_str().unwrap_or("?")
+            ),
+            (None, None) => format!("{method} is not allowed on this path"),
+        };
+        Self {
+            parts,
+            bytes,
+            message,
+        }
+    }
+
+    /// The answer as it was.
+    pub fn unchanged(self) -> Response {
+        Response::from_parts(self.parts, axum::body::Body::from(self.bytes))
+    }
+
+    /// The answer's status and headers (such as `Allow`) with `shaped`'s body and content type.
+    pub fn reshaped(mut self, shaped: Response) -> Response {
+        let (shaped_parts, body) = shaped.into_parts();
+        self.parts.headers.remove(header::CONTENT_LENGTH);
+        self.parts.headers.extend(shaped_parts.headers);
+        Response::from_parts(self.parts, body)
+    }
+}
 
 /// Puts every error answer that is not JSON yet in the one error shape: axum's own rejections (a bad
 /// query value, a path that is not UTF-8, a body over the limit) are plain text, and a 405 has no body
-/// at all. The status and headers (such as `Allow`) stay; the text becomes the message.
+/// at all. JSON answers are the apps' own and stay as they are.
 pub async fn shape_errors(request: Request, next: axum::middleware::Next) -> Response {
     let method = request.method().clone();
     let response = next.run(request).await;
-    let status = response.status();
     let is_json = (response.headers().get(header::CONTENT_TYPE))
         .and_then(|value| value.to_str().ok())
         .is_some_and(|value| value.starts_with("application/json"));
-    if status.as_u16() < 400 || is_json {
+    if response.status().as_u16() < 400 || is_json {
         return response;
     }
-    let (mut parts, body) = response.into_parts();
-    let text = axum::body::to_bytes(body, PLAIN_ERROR_BYTES_MAX)
-        .await
-        .map(|bytes| String::from_utf8_lossy(&bytes).trim().to_string())
-        .unwrap_or_default();
+    let answer = ErrorAnswer::read(&method, response).await;
+    let status = answer.parts.status;
     let reason = status.canonical_reason().unwrap_or("error");
-    let message = match parts.headers.get(header::ALLOW) {
-        _ if status != StatusCode::METHOD_NOT_ALLOWED && !text.is_empty() => text,
-        _ if status != StatusCode::METHOD_NOT_ALLOWED => reason.to_lowercase(),
-        Some(allowed) => format!(
-            "{method} is not allowed on this path; allowed: {}",
-            allowed.to_str().unwrap_or("?")
-        ),
-        None => format!("{method} is not allowed on this path"),
-    };
     let code = reason.to_lowercase().replace([' ', '-'], "_");
-    let shaped = ApiError::new(status, code, message).into_response();
-    let (shaped_parts, body) = shaped.into_parts();
-    parts.headers.remove(header::CONTENT_LENGTH);
-    parts.headers.extend(shaped_parts.headers);
-    Response::from_parts(parts, body)
+    let shaped = ApiError::new(status, code, answer.message.clone()).into_response();
+    answer.reshaped(shaped)
 }
 
 impl From<EngineError> for ApiError {

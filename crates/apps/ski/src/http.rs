@@ -20,7 +20,7 @@ use serde::de::IgnoredAny;
 use serde_json::{Value, json};
 use spate_engine::{EngineError, EngineHandle, Reply};
 use spate_server::ApiError;
-use spate_server::api::{command_id, reply_bytes};
+use spate_server::api::{ErrorAnswer, command_id, reply_bytes};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -120,9 +120,6 @@ impl IntoResponse for SkiError {
     }
 }
 
-/// The most of an error body [`spec_error_shape`] reads to find its message.
-const ERROR_BODY_BYTES_MAX: usize = 64 << 10;
-
 /// Every error the ski routes answer is the spec's `{"message"}`: those made outside the ski handlers
 /// (a 405 from the method router, a rejection in the server's `{"error": {...}}` shape or as text)
 /// are put in it here; the ski handlers' own errors pass through.
@@ -136,28 +133,14 @@ async fn spec_error_shape(
     if status.as_u16() < 400 {
         return response;
     }
-    let (mut parts, body) = response.into_parts();
-    let bytes = axum::body::to_bytes(body, ERROR_BODY_BYTES_MAX)
-        .await
-        .unwrap_or_default();
-    let parsed = serde_json::from_slice::<Value>(&bytes).ok();
-    if parsed.as_ref().is_some_and(|v| v["message"].is_string()) {
-        return Response::from_parts(parts, axum::body::Body::from(bytes));
+    let answer = ErrorAnswer::read(&method, response).await;
+    let in_spec_shape = serde_json::from_slice::<Value>(&answer.bytes)
+        .is_ok_and(|body| body["message"].is_string());
+    if in_spec_shape {
+        return answer.unchanged();
     }
-    let text = String::from_utf8_lossy(&bytes).trim().to_string();
-    let message = match parsed.as_ref().and_then(|v| v["error"]["message"].as_str()) {
-        Some(message) => message.to_string(),
-        None if status == StatusCode::METHOD_NOT_ALLOWED => {
-            format!("{method} is not allowed on this path")
-        }
-        None if text.is_empty() => status.canonical_reason().unwrap_or("error").to_lowercase(),
-        None => text,
-    };
-    let shaped = SkiError { status, message }.into_response();
-    let (shaped_parts, body) = shaped.into_parts();
-    parts.headers.remove(header::CONTENT_LENGTH);
-    parts.headers.extend(shaped_parts.headers);
-    Response::from_parts(parts, body)
+    let message = answer.message.clone();
+    answer.reshaped(SkiError { status, message }.into_response())
 }
 
 impl From<ApiError> for SkiError {
