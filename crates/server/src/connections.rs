@@ -170,7 +170,9 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let body_metrics = metrics.clone();
+        // One handle per connection, cloned per request: no counter that every core's requests
+        // would share on their path.
+        let body_metrics = Arc::new(metrics.clone());
         let service = router
             .clone()
             .map_request(move |request: Request<Incoming>| {
@@ -213,11 +215,11 @@ struct PacedBody {
     timeout: Duration,
     /// Armed when the handler starts waiting for more of the body; disarmed when some arrives.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
-    metrics: ConnectionMetrics,
+    metrics: Arc<ConnectionMetrics>,
 }
 
 impl PacedBody {
-    fn new(inner: Incoming, timeout: Duration, metrics: ConnectionMetrics) -> Self {
+    fn new(inner: Incoming, timeout: Duration, metrics: Arc<ConnectionMetrics>) -> Self {
         Self {
             inner,
             timeout,

@@ -504,6 +504,13 @@ impl ServeArgs {
         let listen = self
             .listen
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
+        for (option, value) in [
+            ("--header-read-timeout-ms", self.header_read_timeout_ms),
+            ("--body-read-timeout-ms", self.body_read_timeout_ms),
+        ] {
+            // 0 would cut every connection at once.
+            anyhow::ensure!(value != Some(0), "{option} must be at least 1");
+        }
         let defaults = spate_server::connections::ConnectionLimits::default();
         let connections = spate_server::connections::ConnectionLimits {
             connections_max: self

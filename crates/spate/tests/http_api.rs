@@ -354,6 +354,20 @@ fn slow_idle_and_stalled_clients_are_cut_and_others_are_served() {
     assert!(cut("malformed") >= 1.0, "{metrics}");
 }
 
+/// A timeout of 0 would cut every connection at once: refused at start-up, naming the option.
+#[test]
+fn a_zero_timeout_is_refused_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    for option in ["--header-read-timeout-ms", "--body-read-timeout-ms"] {
+        let (status, log) = support::refused_start_up(dir.path(), "tally", &[option, "0"]);
+        assert!(!status.success(), "{option} 0: started");
+        assert!(
+            log.contains(&format!("{option} must be at least 1")),
+            "{log}"
+        );
+    }
+}
+
 /// A client may send any token as a method: each must not become a new series in `/metrics`
 /// (issue 19, defect 1: 25,000 such requests made `/metrics` 496 MB).
 #[test]
