@@ -311,12 +311,8 @@ async fn require_signature(
         .await
 }
 
-/// The routes of a cluster node: what other nodes call (signed with `secret`), and `/cluster`.
-pub fn routes(
-    engine: EngineHandle,
-    directory: Arc<dyn Directory>,
-    secret: ClusterSecret,
-) -> Router {
+/// The routes other nodes of the cluster call, signed with `secret`.
+pub fn internal_routes(engine: EngineHandle, secret: ClusterSecret) -> Router {
     Router::new()
         .route(
             "/internal/v1/partitions/{partition}/commands",
@@ -334,13 +330,17 @@ pub fn routes(
         ))
         // Inside the server's limit for client requests, which a batch of forwarded ones exceeds.
         .layer(DefaultBodyLimit::max(INTERNAL_BODY_BYTES_MAX))
-        .route(
-            "/cluster",
-            get(move || {
-                let directory = directory.clone();
-                async move { json(StatusCode::OK, &status_json(&directory.status())) }
-            }),
-        )
+}
+
+/// `/cluster`: the nodes and the partitions each applies, for operators.
+pub fn status_route(directory: Arc<dyn Directory>) -> Router {
+    Router::new().route(
+        "/cluster",
+        get(move || {
+            let directory = directory.clone();
+            async move { json(StatusCode::OK, &status_json(&directory.status())) }
+        }),
+    )
 }
 
 fn status_json(status: &ClusterStatus) -> serde_json::Value {

@@ -1,6 +1,7 @@
 //! The HTTP server: mounts each enabled app's routes next to `/health` and `/metrics`, maps engine
 //! outcomes to HTTP, and shuts down in order (stop accepting, drain, final snapshot, sync).
 
+pub mod access;
 pub mod api;
 mod cluster;
 pub mod cluster_auth;
@@ -29,11 +30,15 @@ pub type RoutesBuilder =
 pub struct AppModule {
     pub spec: AppSpec,
     pub routes: RoutesBuilder,
+    /// Which of its routes need an admin key, and which a key scoped to one party may call.
+    pub access: access::RouteAccess,
 }
 
 pub struct ServerConfig {
     pub listen: SocketAddr,
     pub connections: connections::ConnectionLimits,
+    /// The API keys file (`--auth`); without it, anyone who reaches the port may call anything.
+    pub auth_file: Option<std::path::PathBuf>,
     pub engine: EngineConfig,
     /// Where the partitions' logs live; `None` for the embedded journal in the data directory.
     pub logs: Option<Arc<dyn LogStore>>,
@@ -58,6 +63,20 @@ pub type JoinCluster = Box<dyn FnOnce(EngineHandle) -> Result<Box<dyn Membership
 /// Starts the engine and serves until SIGTERM or Ctrl-C, then shuts down cleanly.
 pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), String> {
     let mut registry = Registry::default();
+    let access = match &config.auth_file {
+        None => None,
+        Some(path) => {
+            let apps: Vec<_> = (modules.iter())
+                .map(|m| (m.spec.name, m.access.party_kind))
+                .collect();
+            let access = access::Access::read(path, &apps)?;
+            access.register(&mut registry);
+            Some(access)
+        }
+    };
+    let gates: Vec<_> = (modules.iter())
+        .map(|m| (access.clone()).map(|access| access::AppGate::new(access, m.spec.name, m.access)))
+        .collect();
     let (specs, route_builders): (Vec<_>, Vec<_>) =
         modules.into_iter().map(|m| (m.spec, m.routes)).unzip();
     let app_names: Vec<&str> = specs.iter().map(|s| s.name).collect();
@@ -86,26 +105,40 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     let http_metrics = observe::HttpMetrics::register(&mut registry);
     let connection_metrics = connections::ConnectionMetrics::register(&mut registry);
     let mut app_routes = Router::new();
-    for build in route_builders {
+    for (build, gate) in route_builders.into_iter().zip(gates) {
         match build(handle.clone(), &mut registry) {
-            Ok(routes) => app_routes = app_routes.merge(routes),
+            Ok(routes) => {
+                let routes = match gate {
+                    // Every route of the app, whatever it added, is behind its gate.
+                    Some(gate) => routes.route_layer(axum::middleware::from_fn_with_state(
+                        gate,
+                        access::authorize_app,
+                    )),
+                    None => routes,
+                };
+                app_routes = app_routes.merge(routes);
+            }
             Err(error) => {
                 let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
                 return Err(error);
             }
         }
     }
-    let mut router = observe::routes(handle.clone(), Arc::new(registry)).merge(app_routes);
+    let mut router =
+        observe::routes(handle.clone(), Arc::new(registry), access.clone()).merge(app_routes);
     if let Some((setup, remote)) = &cluster {
         router = router
             .layer(axum::middleware::from_fn_with_state(
                 remote.clone(),
                 cluster::forward_reads,
             ))
-            .merge(cluster::routes(
+            .merge(cluster::internal_routes(
                 handle.clone(),
-                setup.directory.clone(),
                 setup.secret.clone(),
+            ))
+            .merge(observe::for_observers(
+                cluster::status_route(setup.directory.clone()),
+                access.clone(),
             ));
     }
     let router = router

@@ -105,7 +105,13 @@ fn method_label(method: &axum::http::Method) -> &'static str {
         .map_or("other", |(_, label)| label)
 }
 
-pub fn routes(engine: EngineHandle, registry: Arc<Registry>) -> Router {
+/// `/health`, open to all (load balancers probe it), and `/metrics`, behind `access` when there is one.
+pub fn routes(
+    engine: EngineHandle,
+    registry: Arc<Registry>,
+    access: Option<crate::access::Access>,
+) -> Router {
+    let metrics = for_observers(metrics_route(registry), access);
     Router::new()
         .route(
             "/health",
@@ -150,21 +156,36 @@ pub fn routes(engine: EngineHandle, registry: Arc<Registry>) -> Router {
                 (status, axum::Json(body))
             }),
         )
-        .route(
-            "/metrics",
-            get(move || async move {
-                let mut text = String::new();
-                match prometheus_client::encoding::text::encode(&mut text, &registry) {
-                    Ok(()) => (
-                        [(
-                            header::CONTENT_TYPE,
-                            "text/plain; version=0.0.4; charset=utf-8",
-                        )],
-                        text,
-                    )
-                        .into_response(),
-                    Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-                }
-            }),
-        )
+        .merge(metrics)
+}
+
+/// `routes` behind `access`, for keys that may observe the server (see `access::authorize_observer`).
+pub fn for_observers(routes: Router, access: Option<crate::access::Access>) -> Router {
+    match access {
+        Some(access) => routes.route_layer(axum::middleware::from_fn_with_state(
+            access,
+            crate::access::authorize_observer,
+        )),
+        None => routes,
+    }
+}
+
+fn metrics_route(registry: Arc<Registry>) -> Router {
+    Router::new().route(
+        "/metrics",
+        get(move || async move {
+            let mut text = String::new();
+            match prometheus_client::encoding::text::encode(&mut text, &registry) {
+                Ok(()) => (
+                    [(
+                        header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    text,
+                )
+                    .into_response(),
+                Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+            }
+        }),
+    )
 }

@@ -15,17 +15,24 @@ pub struct StatusArgs {
     /// Any node of the cluster (its HTTP address)
     #[arg(long, default_value = "127.0.0.1:8080")]
     node: String,
+    /// A key with the role metrics, read or admin, for nodes started with --auth
+    #[arg(long, env = "SPATE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
 }
 
 pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
     match command {
-        ClusterCommand::Status(args) => status(&args.node),
+        ClusterCommand::Status(args) => status(&args.node, args.api_key.as_deref()),
     }
 }
 
-fn status(node: &str) -> anyhow::Result<()> {
+fn status(node: &str, api_key: Option<&str>) -> anyhow::Result<()> {
     let url = format!("http://{node}/cluster");
-    let status: Value = ureq::get(&url)
+    let mut request = ureq::get(&url);
+    if let Some(key) = api_key {
+        request = request.header("Authorization", format!("Bearer {key}"));
+    }
+    let status: Value = request
         .call()
         .with_context(|| format!("asking {url} (is it a node started with --node-id?)"))?
         .body_mut()

@@ -42,6 +42,10 @@ pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:8080]
     #[arg(long, env = "SPATE_LISTEN")]
     listen: Option<SocketAddr>,
+    /// API keys and their roles (TOML, made with `spate auth new-key`); required to listen on an
+    /// address other than loopback [default: none, anyone who reaches the port may call anything]
+    #[arg(long, env = "SPATE_AUTH")]
+    auth: Option<PathBuf>,
     /// Most client connections served at once; more wait to be accepted [default: 4096]
     #[arg(long, env = "SPATE_CONNECTIONS_MAX")]
     connections_max: Option<usize>,
@@ -260,6 +264,24 @@ impl PaymentsOptions {
     }
 }
 
+/// Every app this binary can run, with the kind of party a key may be scoped to in it.
+pub fn apps_with_party_kinds() -> Vec<(&'static str, Option<&'static str>)> {
+    vec![
+        (spate_fraud::APP_NAME, None),
+        (spate_leaderboard::APP_NAME, None),
+        (
+            spate_ledger::APP_NAME,
+            spate_ledger::ROUTE_ACCESS.party_kind,
+        ),
+        (
+            spate_payments::APP_NAME,
+            spate_payments::ROUTE_ACCESS.party_kind,
+        ),
+        (spate_ski::APP_NAME, None),
+        (spate_tally::APP_NAME, None),
+    ]
+}
+
 /// Every app this binary can run, by name.
 const APPS: &[&str] = &[
     spate_fraud::APP_NAME,
@@ -318,6 +340,7 @@ impl ServeArgs {
                 file,
                 data_dir,
                 listen,
+                auth,
                 connections_max,
                 header_read_timeout_ms,
                 body_read_timeout_ms,
@@ -504,6 +527,20 @@ impl ServeArgs {
         let listen = self
             .listen
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
+        if !listen.ip().is_loopback() && self.auth.is_none() {
+            bail!(
+                "--listen {listen} reaches beyond this machine: it needs --auth FILE, the API keys that \
+                 may call the server (make one with `spate auth new-key --name NAME --role admin --file FILE`)"
+            );
+        }
+        if let Some(address) = app_options.fraud_stream_listen
+            && !address.ip().is_loopback()
+        {
+            bail!(
+                "--fraud-stream-listen {address}: the fraud stream has no API keys, so it listens on \
+                 loopback only (or \"off\"); send transactions from other machines over HTTP"
+            );
+        }
         for (option, value) in [
             ("--header-read-timeout-ms", self.header_read_timeout_ms),
             ("--body-read-timeout-ms", self.body_read_timeout_ms),
@@ -584,6 +621,7 @@ impl ServeArgs {
         Ok((
             ServerConfig {
                 listen,
+                auth_file: self.auth,
                 connections,
                 engine,
                 logs,

@@ -1,5 +1,6 @@
 //! The `spate` command line: parses options and wires the server, the engine and the apps together.
 
+mod auth_cli;
 mod bench;
 mod bench_cluster;
 mod bench_leaderboard;
@@ -45,6 +46,9 @@ enum Commands {
     Load(load_cli::LoadArgs),
     /// Benchmarks that start their own server and write a report.
     Bench(bench::BenchArgs),
+    /// API keys for a server started with --auth.
+    #[command(subcommand)]
+    Auth(auth_cli::AuthCommand),
     /// A cluster's membership: which node applies which partition.
     #[command(subcommand)]
     Cluster(cluster_cli::ClusterCommand),
@@ -78,5 +82,6 @@ fn main() -> anyhow::Result<()> {
         Commands::Bench(command) => bench::run(command),
         Commands::Load(args) => load_cli::run(args),
         Commands::Cluster(command) => cluster_cli::run(command),
+        Commands::Auth(command) => auth_cli::run(command),
     }
 }

@@ -16,6 +16,9 @@ pub enum PaymentsCommand {
         /// Instead, write the files of this batch (`stl_...`) again, byte for byte
         #[arg(long)]
         regenerate: Option<String>,
+        /// An admin key, for a server started with --auth
+        #[arg(long, env = "SPATE_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
     },
     /// Make the keyring the nodes of a cluster share (fresh data, token and MAC keys wrapped by the
     /// KEK); give every node this file with --payments-keyring-file, and the same KEK.
@@ -84,13 +87,21 @@ fn existing_kek(path: &Path, data_dir: &Path) -> anyhow::Result<Kek> {
 
 pub fn run(command: PaymentsCommand) -> anyhow::Result<()> {
     match command {
-        PaymentsCommand::Settle { url, regenerate } => {
+        PaymentsCommand::Settle {
+            url,
+            regenerate,
+            api_key,
+        } => {
             let base = url.trim_end_matches('/');
             let address = match regenerate {
                 Some(batch) => format!("{base}/admin/settlements/{batch}/files"),
                 None => format!("{base}/admin/settlements"),
             };
-            let mut response = ureq::post(&address)
+            let mut request = ureq::post(&address);
+            if let Some(key) = api_key {
+                request = request.header("Authorization", format!("Bearer {key}"));
+            }
+            let mut response = request
                 .config()
                 .http_status_as_error(false)
                 .build()

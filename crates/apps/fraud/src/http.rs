@@ -43,6 +43,16 @@ struct Context {
     entries_per_card_max: usize,
 }
 
+/// Generating a history takes memory and partition time in proportion to what it asks for: an
+/// operator's job, not a client's.
+pub const ROUTE_ACCESS: spate_server::access::RouteAccess = spate_server::access::RouteAccess {
+    admin_routes: &[GENERATE_ROUTE],
+    party_kind: None,
+    party_routes: &[],
+    message_only_errors: false,
+};
+const GENERATE_ROUTE: &str = "/fraud/history/generate";
+
 pub fn routes(ingest: Ingest, entries_per_card_max: usize) -> Router {
     let rate_per_s = Arc::new(AtomicU64::new(0));
     tokio::spawn(sample_rate(ingest.clone(), rate_per_s.clone()));
@@ -50,7 +60,7 @@ pub fn routes(ingest: Ingest, entries_per_card_max: usize) -> Router {
         .route("/fraud/transactions", post(score))
         .route("/fraud/cards/{card}", get(card))
         .route("/fraud/stats", get(stats))
-        .route("/fraud/history/generate", post(generate))
+        .route(GENERATE_ROUTE, post(generate))
         .with_state(Context {
             ingest,
             rate_per_s,

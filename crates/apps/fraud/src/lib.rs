@@ -94,5 +94,6 @@ pub fn module(config: FraudConfig) -> AppModule {
             }
             Ok(http::routes(ingest, cap))
         }),
+        access: http::ROUTE_ACCESS,
     }
 }

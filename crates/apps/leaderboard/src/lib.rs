@@ -40,5 +40,6 @@ pub fn module() -> AppModule {
     AppModule {
         spec,
         routes: Box::new(|engine, _| Ok(http::routes(engine))),
+        access: spate_server::access::RouteAccess::default(),
     }
 }

@@ -20,7 +20,7 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use http::BATCH_OPERATIONS_MAX;
+pub use http::{BATCH_OPERATIONS_MAX, ROUTE_ACCESS};
 
 use spate_engine::AppSpec;
 use spate_server::AppModule;
@@ -56,5 +56,6 @@ pub fn module(open_transfers_max: u64) -> AppModule {
         routes: Box::new(move |engine, _| {
             Ok(http::routes(engine, model, waiters, open_transfers_max))
         }),
+        access: ROUTE_ACCESS,
     }
 }

@@ -27,6 +27,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use spate_engine::{EngineHandle, PartitionId};
 use spate_server::ApiError;
+use spate_server::access::{RouteAccess, Scope};
 use spate_server::api::{command_id, json as json_response, reply_bytes};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
@@ -50,6 +51,21 @@ pub struct Payments {
 }
 
 type Shared = State<Arc<Payments>>;
+
+/// A merchant's key (`payments:merchant:ID`) authorizes, lists, reads, captures, cancels and refunds
+/// its own payments; the events feed and `/admin/` are the operator's.
+pub const ROUTE_ACCESS: RouteAccess = RouteAccess {
+    admin_routes: &[],
+    party_kind: Some("merchant"),
+    party_routes: &[
+        "/v1/payments",
+        "/v1/payments/{id}",
+        "/v1/payments/{id}/capture",
+        "/v1/payments/{id}/cancel",
+        "/v1/payments/{id}/refunds",
+    ],
+    message_only_errors: false,
+};
 
 pub fn routes(payments: Arc<Payments>) -> Router {
     let authorized = (payments.model.read())
@@ -433,11 +449,13 @@ fn authorize_command(
 
 async fn authorize(
     State(payments): Shared,
+    scope: Scope,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let command_id = require_key(&headers)?;
     let request: AuthorizeRequest = parse_body(&body)?;
+    scope.permits(&request.merchant)?;
     let reference = payments.reference.current();
     let authorize = authorize_command(request, command_id, &payments.keyring, &reference)?;
     let id = authorize.payment;
@@ -460,6 +478,7 @@ struct CaptureRequest {
 /// Every POST on one payment: the key, the id, the body, then the command made from them.
 async fn on_payment<T: DeserializeOwned>(
     payments: &Payments,
+    scope: &Scope,
     id: &str,
     headers: &HeaderMap,
     body: &[u8],
@@ -468,6 +487,14 @@ async fn on_payment<T: DeserializeOwned>(
     let command_id = require_key(headers)?;
     let id = parse_id(id)?;
     let request: T = parse_body(body)?;
+    if scope.party().is_some() {
+        // A payment's merchant never changes, so reading it before the command is as good as in it.
+        let merchant = (fetch_payments(payments, &[id]).await?)
+            .remove(&id)
+            .map(|payment| payment.merchant)
+            .ok_or_else(|| refusal(Refusal::NotFound, Some(id)))?;
+        scope.permits(&merchant)?;
+    }
     submit(payments, id, command_id, &command(id, request)?).await
 }
 
@@ -477,12 +504,14 @@ fn optional_amount(amount: Option<u64>) -> Result<Option<u64>, ApiError> {
 
 async fn capture(
     State(payments): Shared,
+    scope: Scope,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     on_payment(
         &payments,
+        &scope,
         &id,
         &headers,
         &body,
@@ -503,13 +532,19 @@ struct Empty {}
 
 async fn cancel(
     State(payments): Shared,
+    scope: Scope,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    on_payment(&payments, &id, &headers, &body, |payment, Empty {}| {
-        Ok(Command::Cancel { payment })
-    })
+    on_payment(
+        &payments,
+        &scope,
+        &id,
+        &headers,
+        &body,
+        |payment, Empty {}| Ok(Command::Cancel { payment }),
+    )
     .await
 }
 
@@ -521,12 +556,14 @@ struct RefundRequest {
 
 async fn refund(
     State(payments): Shared,
+    scope: Scope,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     on_payment(
         &payments,
+        &scope,
         &id,
         &headers,
         &body,
@@ -542,6 +579,7 @@ async fn refund(
 
 async fn get_payment(
     State(payments): Shared,
+    scope: Scope,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
@@ -554,9 +592,9 @@ async fn get_payment(
         })
         .await?
         .map_err(ApiError::archive)?;
-    found
-        .map(|body| json_response(StatusCode::OK, &body))
-        .ok_or_else(|| refusal(Refusal::NotFound, Some(id)))
+    let body = found.ok_or_else(|| refusal(Refusal::NotFound, Some(id)))?;
+    scope.permits(body["merchant"].as_str().unwrap_or_default())?;
+    Ok(json_response(StatusCode::OK, &body))
 }
 
 fn query_error(e: axum::extract::rejection::QueryRejection) -> ApiError {
@@ -585,9 +623,14 @@ struct ListQuery {
 
 async fn list(
     State(payments): Shared,
+    scope: Scope,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(query) = query.map_err(query_error)?;
+    let Query(mut query) = query.map_err(query_error)?;
+    // A merchant's key lists its own payments, whether it names itself or not.
+    if let Some(party) = scope.party() {
+        scope.permits(query.merchant.get_or_insert_with(|| party.to_string()))?;
+    }
     let status = query
         .status
         .as_deref()

@@ -18,7 +18,7 @@ pub mod reference;
 pub mod settle;
 pub mod state;
 
-pub use http::{AMOUNT_MAX, PAGE_LIMIT_MAX};
+pub use http::{AMOUNT_MAX, PAGE_LIMIT_MAX, ROUTE_ACCESS};
 
 use keys::{Kek, Keyring};
 use model::{ModelStore, PaymentsModel, PaymentsProjection};
@@ -127,6 +127,7 @@ pub fn module(config: PaymentsConfig) -> Result<AppModule, String> {
                 settler,
             })))
         }),
+        access: ROUTE_ACCESS,
     })
 }
 

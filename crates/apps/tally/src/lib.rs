@@ -34,5 +34,6 @@ pub fn module() -> AppModule {
     AppModule {
         spec,
         routes: Box::new(move |engine, _| Ok(http::routes(engine, totals))),
+        access: spate_server::access::RouteAccess::default(),
     }
 }

@@ -18,6 +18,7 @@ use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use spate_engine::{PartitionId, Pending, Refused};
 use spate_server::ApiError;
+use spate_server::access::Scope;
 use spate_server::api::{json, reply_bytes};
 
 /// Most operations in one batch request.
@@ -49,19 +50,24 @@ struct Batch {
     operations: Vec<Box<serde_json::value::RawValue>>,
 }
 
+/// One operation as a command, if `scope` lets the key act for its payer (a prepare) or its payee (a
+/// fulfil or a reject).
 fn batch_command(
     operation: &serde_json::value::RawValue,
+    scope: &Scope,
 ) -> Result<(TransferId, Command), ApiError> {
     let operation: BatchOperation = serde_json::from_str(operation.get())
         .map_err(|e| validation(format!("invalid operation: {e}")))?;
     Ok(match operation {
         BatchOperation::Prepare(prepare) => {
             let spec = transfer_spec(&prepare)?;
+            scope.permits(&spec.payer)?;
             (spec.id, Command::Prepare(spec))
         }
         BatchOperation::Fulfil(completion) => {
             let id = parse_transfer_id(&completion.transfer_id)?;
             check_name("source", &completion.source)?;
+            scope.permits(&completion.source)?;
             let fulfilment = completion
                 .fulfilment
                 .as_deref()
@@ -80,6 +86,7 @@ fn batch_command(
         BatchOperation::Reject(completion) => {
             let id = parse_transfer_id(&completion.transfer_id)?;
             check_name("source", &completion.source)?;
+            scope.permits(&completion.source)?;
             (
                 id,
                 Command::Reject {
@@ -138,7 +145,7 @@ struct BatchPlan {
     shares: Vec<PartitionShare>,
 }
 
-fn plan_batch(ledger: &Ledger, body: &Bytes) -> Result<BatchPlan, ApiError> {
+fn plan_batch(ledger: &Ledger, body: &Bytes, scope: &Scope) -> Result<BatchPlan, ApiError> {
     let Batch { operations } = parse_body(body)?;
     if operations.is_empty() || operations.len() > BATCH_OPERATIONS_MAX {
         return Err(validation(format!(
@@ -147,7 +154,10 @@ fn plan_batch(ledger: &Ledger, body: &Bytes) -> Result<BatchPlan, ApiError> {
     }
     let mut results: Vec<Option<TransferBody>> = (0..operations.len()).map(|_| None).collect();
     // Parsed before the model is locked: the projection waits for that lock.
-    let parsed: Vec<_> = operations.iter().map(|op| batch_command(op)).collect();
+    let parsed: Vec<_> = operations
+        .iter()
+        .map(|op| batch_command(op, scope))
+        .collect();
     let mut prepared: Vec<(usize, TransferId)> = Vec::new();
     let model = ledger
         .model
@@ -203,14 +213,18 @@ fn plan_batch(ledger: &Ledger, body: &Bytes) -> Result<BatchPlan, ApiError> {
 /// single request would be, in order per transfer; one result per operation, in order. The operations
 /// each partition owns go to it as one command, so a batch costs a few journal records, not one per
 /// operation. The answer comes once every prepare's reservation is settled.
-pub(super) async fn batch(State(ledger): Ctx, body: Bytes) -> Result<Response, ApiError> {
+pub(super) async fn batch(
+    State(ledger): Ctx,
+    scope: Scope,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let heavy = body.len() >= HEAVY_BODY_BYTES;
     let planning = ledger.clone();
     let BatchPlan {
         mut results,
         prepared,
         shares,
-    } = run_heavy(heavy, move || plan_batch(&planning, &body)).await?;
+    } = run_heavy(heavy, move || plan_batch(&planning, &body, &scope)).await?;
     let (_waiting, receivers) = Waiting::register(
         &ledger.waiters,
         prepared.iter().map(|&(_, id)| id).collect(),

@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use spate_engine::EngineHandle;
 use spate_server::ApiError;
+use spate_server::access::{RouteAccess, Scope};
 use spate_server::api::{json, reply_bytes};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -249,7 +250,7 @@ async fn set_ndc(
         .submit(&Owner::Participant(name.as_str().into()), &command)
         .await?
     {
-        Reply::Participant(_) => get_participant(State(ledger), Path(name)).await,
+        Reply::Participant(_) => get_participant(State(ledger), Scope::Whole, Path(name)).await,
         Reply::Refused(refusal) => Err(refusal_error(refusal)),
         other => Err(unexpected(&other)),
     }
@@ -257,9 +258,11 @@ async fn set_ndc(
 
 async fn get_participant(
     State(ledger): Ctx,
+    scope: Scope,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     check_name("name", &name)?;
+    scope.permits(&name)?;
     let lookup = name.clone();
     let found = ledger
         .read(&Owner::Participant(name.as_str().into()), move |state| {
@@ -284,10 +287,12 @@ struct Page {
 
 async fn get_entries(
     State(ledger): Ctx,
+    scope: Scope,
     Path(name): Path<String>,
     Query(page): Query<Page>,
 ) -> Result<Response, ApiError> {
     check_name("name", &name)?;
+    scope.permits(&name)?;
     let offset = page.offset.unwrap_or(0);
     let limit = page.limit.unwrap_or(100);
     if limit == 0 || limit > ENTRIES_PAGE_MAX {
@@ -452,9 +457,19 @@ fn settled(id: TransferId, state: TransferState) -> Result<Response, ApiError> {
     Ok(json(status, &transfer_body(id, state)))
 }
 
-async fn prepare(State(ledger): Ctx, body: Bytes) -> Result<Response, ApiError> {
+async fn prepare(
+    State(ledger): Ctx,
+    scope: Scope,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let body: Prepare = parse_body(&body)?;
     let spec = transfer_spec(&body)?;
+    // A participant's key prepares only as the payer, and says so in FSPIOP-Source if it sends one.
+    scope.permits(&spec.payer)?;
+    if scope.party().is_some() && headers.contains_key("fspiop-source") {
+        scope.permits(&source_of(&headers)?)?;
+    }
     let id = spec.id;
     let (_waiting, mut reservations) = Waiting::register(&ledger.waiters, vec![id]);
     let reservation = reservations.pop().expect("one waiter per id");
@@ -502,6 +517,7 @@ fn source_of(headers: &HeaderMap) -> Result<Name, ApiError> {
 
 async fn complete(
     State(ledger): Ctx,
+    scope: Scope,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
@@ -509,6 +525,7 @@ async fn complete(
     let body: Completion = parse_body(&body)?;
     let id = parse_transfer_id(&id)?;
     let source = source_of(&headers)?;
+    scope.permits(&source)?;
     if let Some(at) = &body.completed_timestamp {
         parse_time_ms("completedTimestamp", at)?;
     }
@@ -545,6 +562,7 @@ async fn finish(ledger: &Ledger, id: TransferId, command: Command) -> Result<Res
 /// `PUT /transfers/{id}/error`: the payee reports an error, which aborts the transfer.
 async fn error_callback(
     State(ledger): Ctx,
+    scope: Scope,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
@@ -552,6 +570,7 @@ async fn error_callback(
     let body: Value = parse_body(&body)?;
     let id = parse_transfer_id(&id)?;
     let source = source_of(&headers)?;
+    scope.permits(&source)?;
     if !body["errorInformation"]["errorCode"].is_string() {
         return Err(validation(
             "the body must be {\"errorInformation\": {\"errorCode\", \"errorDescription\"}}",
@@ -560,7 +579,11 @@ async fn error_callback(
     finish(&ledger, id, Command::Reject { id, source }).await
 }
 
-async fn get_transfer(State(ledger): Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
+async fn get_transfer(
+    State(ledger): Ctx,
+    scope: Scope,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     let id = parse_transfer_id(&id)?;
     let partition = ledger.engine.partition_of(&transfer_archive_key(id));
     // Most transfers asked for long after they were made are final and stored: read them without
@@ -595,6 +618,8 @@ async fn get_transfer(State(ledger): Ctx, Path(id): Path<String>) -> Result<Resp
         })
     })?;
     let spec = &transfer.spec;
+    // A participant sees the transfers it is the payer or the payee of.
+    scope.permits_any(&[&spec.payer, &spec.payee])?;
     let body = TransferView {
         outcome: transfer_body(id, transfer.state),
         payer_fsp: &spec.payer,
@@ -617,6 +642,23 @@ struct TransferView<'a> {
     amount: Value,
     expiration: String,
 }
+
+/// A participant's key (`ledger:participant:NAME`) reads its own account and the transfers it is in,
+/// prepares as the payer and completes as the payee; creating participants and setting their net debit
+/// caps is the hub operator's (`ledger:write`).
+pub const ROUTE_ACCESS: RouteAccess = RouteAccess {
+    admin_routes: &[],
+    party_kind: Some("participant"),
+    party_routes: &[
+        "/participants/{name}",
+        "/participants/{name}/entries",
+        "/transfers",
+        "/transfers/batch",
+        "/transfers/{id}",
+        "/transfers/{id}/error",
+    ],
+    message_only_errors: false,
+};
 
 pub(crate) fn routes(
     engine: EngineHandle,
