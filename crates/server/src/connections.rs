@@ -5,7 +5,7 @@
 //! of bounded size, and a request body that may not stall for longer than a deadline (a
 //! `Content-Length` larger than what is sent).
 //!
-//! HTTP/1.1 only, as every client of these APIs speaks it.
+//! HTTP/1.1 only, as every client of these APIs speaks it, in the clear or over TLS (`crate::tls`).
 
 use axum::Router;
 use axum::body::Body;
@@ -123,7 +123,7 @@ impl ConnectionMetrics {
         r.register(
             "connections_cut",
             "Connections or requests cut by a limit: header_timeout (slow or idle), body_timeout, \
-             malformed (including headers over the limit)",
+             malformed (including headers over the limit), tls_handshake (failed or too slow)",
             metrics.cut.clone(),
         );
         metrics
@@ -134,10 +134,11 @@ impl ConnectionMetrics {
     }
 }
 
-/// Serves `router` on `listener` within `limits` until `shutdown` completes, then lets requests in
-/// progress finish (for up to [`DRAIN_TIMEOUT_MS`]).
+/// Serves `router` on `listener` within `limits`, over TLS with `tls`, until `shutdown` completes,
+/// then lets requests in progress finish (for up to [`DRAIN_TIMEOUT_MS`]).
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     router: Router,
     limits: ConnectionLimits,
     metrics: ConnectionMetrics,
@@ -153,6 +154,8 @@ pub async fn serve(
         .header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms))
         .max_buf_size(limits.header_bytes_max.max(HEADER_BYTES_MIN));
     let body_read_timeout = Duration::from_millis(limits.body_read_timeout_ms);
+    // A TLS handshake is held to the same deadline as the headers that follow it.
+    let handshake_timeout = Duration::from_millis(limits.header_read_timeout_ms);
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
@@ -179,13 +182,36 @@ pub async fn serve(
                 let metrics = body_metrics.clone();
                 request.map(|body| Body::new(PacedBody::new(body, body_read_timeout, metrics)))
             });
-        let connection =
-            builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
-        let connection = graceful.watch(connection);
+        let service = TowerToHyperService::new(service);
+        let (builder, watcher, tls) = (builder.clone(), graceful.watcher(), tls.clone());
         let metrics = metrics.clone();
         metrics.open.inc();
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
+            let served = match tls {
+                None => {
+                    let connection = builder.serve_connection(TokioIo::new(stream), service);
+                    watcher.watch(connection).await
+                }
+                Some(tls) => {
+                    match tokio::time::timeout(handshake_timeout, tls.accept(stream)).await {
+                        Ok(Ok(stream)) => {
+                            let connection =
+                                builder.serve_connection(TokioIo::new(stream), service);
+                            watcher.watch(connection).await
+                        }
+                        Ok(Err(error)) => {
+                            metrics.count_cut("tls_handshake");
+                            tracing::debug!(%error, "TLS handshake failed");
+                            Ok(())
+                        }
+                        Err(_) => {
+                            metrics.count_cut("tls_handshake");
+                            Ok(())
+                        }
+                    }
+                }
+            };
+            if let Err(error) = served {
                 if error.is_timeout() {
                     metrics.count_cut("header_timeout");
                 } else if error.is_parse() || error.is_parse_too_large() {

@@ -7,6 +7,7 @@ mod cluster;
 pub mod cluster_auth;
 pub mod connections;
 mod observe;
+pub mod tls;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -39,6 +40,8 @@ pub struct ServerConfig {
     pub connections: connections::ConnectionLimits,
     /// The API keys file (`--auth`); without it, anyone who reaches the port may call anything.
     pub auth_file: Option<std::path::PathBuf>,
+    /// The certificate chain and private key files (PEM) to serve HTTPS with, instead of HTTP.
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
     pub engine: EngineConfig,
     /// Where the partitions' logs live; `None` for the embedded journal in the data directory.
     pub logs: Option<Arc<dyn LogStore>>,
@@ -62,6 +65,11 @@ pub type JoinCluster = Box<dyn FnOnce(EngineHandle) -> Result<Box<dyn Membership
 
 /// Starts the engine and serves until SIGTERM or Ctrl-C, then shuts down cleanly.
 pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), String> {
+    // Files an operator names are checked before anything starts.
+    let tls = match &config.tls {
+        Some((cert, key)) => Some(tls::acceptor(cert, key)?),
+        None => None,
+    };
     let mut registry = Registry::default();
     let access = match &config.auth_file {
         None => None,
@@ -154,8 +162,9 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     let listener =
         listen(config.listen).map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
     // Tests and scripts wait for this line to know the port (the listen address may end in :0).
-    println!("spate listening on http://{local}");
+    println!("spate listening on {scheme}://{local}");
     tracing::info!(%local, "listening");
     // A node takes partitions only once it can answer the requests other nodes forward to it.
     let membership = match cluster {
@@ -176,6 +185,7 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     };
     connections::serve(
         listener,
+        tls,
         router,
         config.connections,
         connection_metrics,

@@ -46,6 +46,12 @@ pub struct ServeArgs {
     /// address other than loopback [default: none, anyone who reaches the port may call anything]
     #[arg(long, env = "SPATE_AUTH")]
     auth: Option<PathBuf>,
+    /// Serve HTTPS with this certificate chain (PEM), with --tls-key [default: plain HTTP]
+    #[arg(long, env = "SPATE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert
+    #[arg(long, env = "SPATE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Most client connections served at once; more wait to be accepted [default: 4096]
     #[arg(long, env = "SPATE_CONNECTIONS_MAX")]
     connections_max: Option<usize>,
@@ -341,6 +347,8 @@ impl ServeArgs {
                 data_dir,
                 listen,
                 auth,
+                tls_cert,
+                tls_key,
                 connections_max,
                 header_read_timeout_ms,
                 body_read_timeout_ms,
@@ -560,6 +568,17 @@ impl ServeArgs {
                 .unwrap_or(defaults.body_read_timeout_ms),
             header_bytes_max: self.header_bytes_max.unwrap_or(defaults.header_bytes_max),
         };
+        let tls = match (self.tls_cert, self.tls_key) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => bail!("--tls-cert and --tls-key go together"),
+        };
+        if tls.is_some() && self.node_id.is_some() {
+            bail!(
+                "--tls-cert does not go with --node-id yet: the nodes of a cluster call each other in \
+                 plain HTTP (signed, not encrypted); put TLS in front of the nodes instead"
+            );
+        }
         let (logs, cluster) = match self.kafka {
             None if self.node_id.is_some()
                 || self.advertise.is_some()
@@ -622,6 +641,7 @@ impl ServeArgs {
             ServerConfig {
                 listen,
                 auth_file: self.auth,
+                tls,
                 connections,
                 engine,
                 logs,
