@@ -13,6 +13,9 @@
 //! | `APP:write` | the app's reads and writes, but not its admin routes |
 //! | `APP:KIND:NAME` | the routes the app lets act for one party (`ledger:participant:dfsp1`, `payments:merchant:m_1`), only as that party; their handlers check it through [`Scope`] |
 //!
+//! A key may carry `requests_per_s`: past it (a second's worth may come at once), its requests are
+//! answered 429 with `Retry-After`, and other keys are served as before.
+//!
 //! Every app route is authorized by a layer the server puts around each app's routes, so a route an
 //! app adds is refused to anyone without a role for it; nothing is open by default but `/health` (for
 //! load balancers) and the cluster's internal routes (signed by the nodes, see `cluster_auth`). A
@@ -118,6 +121,45 @@ impl Role {
 struct KeyHolder {
     name: String,
     roles: Vec<Role>,
+    /// Its requests per second, if limited.
+    rate: Option<RateLimit>,
+}
+
+/// A token bucket: up to a second's worth of requests at once, refilled continuously.
+#[derive(Debug)]
+struct RateLimit {
+    requests_per_s: u32,
+    /// (tokens left, when they were counted)
+    bucket: std::sync::Mutex<(f64, std::time::Instant)>,
+}
+
+impl RateLimit {
+    fn new(requests_per_s: u32) -> Self {
+        assert!(requests_per_s > 0);
+        let full = f64::from(requests_per_s);
+        Self {
+            requests_per_s,
+            bucket: std::sync::Mutex::new((full, std::time::Instant::now())),
+        }
+    }
+
+    /// Takes a token if one is left.
+    fn take(&self) -> bool {
+        let full = f64::from(self.requests_per_s);
+        let mut bucket = self
+            .bucket
+            .lock()
+            .expect("the bucket lock is never poisoned");
+        let now = std::time::Instant::now();
+        let refilled = bucket.0 + now.duration_since(bucket.1).as_secs_f64() * full;
+        let tokens = refilled.min(full);
+        if tokens < 1.0 {
+            *bucket = (tokens, now);
+            return false;
+        }
+        *bucket = (tokens - 1.0, now);
+        true
+    }
 }
 
 #[derive(Deserialize)]
@@ -133,6 +175,8 @@ struct KeyEntry {
     name: String,
     sha256: String,
     roles: Vec<String>,
+    /// The most requests per second the key may make; more are answered 429 [default: no limit].
+    requests_per_s: Option<u32>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -185,8 +229,18 @@ impl Access {
                 .map(|role| Role::parse(role, apps))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| format!("key {:?}: {e}", entry.name))?;
-            let name = entry.name;
-            if let Some(other) = keys.insert(hash, KeyHolder { name, roles }) {
+            if entry.requests_per_s == Some(0) {
+                return Err(format!(
+                    "key {:?}: requests_per_s must be at least 1 (leave it out for no limit)",
+                    entry.name
+                ));
+            }
+            let holder = KeyHolder {
+                name: entry.name,
+                roles,
+                rate: entry.requests_per_s.map(RateLimit::new),
+            };
+            if let Some(other) = keys.insert(hash, holder) {
                 return Err(format!("key {:?} is listed twice", other.name));
             }
         }
@@ -201,13 +255,49 @@ impl Access {
             "refused",
             "Requests refused by access control: no_key, unknown_key (401), forbidden (403, the \
              key's roles do not reach the route), out_of_scope (403, a party's key acting for \
-             another party)",
+             another party), rate_limited (429, over the key's requests_per_s)",
             self.refused.clone(),
         );
     }
 
     fn count(&self, reason: &'static str) {
         self.refused.get_or_create(&RefusalLabel { reason }).inc();
+    }
+
+    /// The holder of the request's key, if it is known and within its rate; else the refusal, counted.
+    fn admit(&self, request: &Request, message_only: bool) -> Result<&KeyHolder, Response> {
+        let holder = self.holder(request).map_err(|reason| {
+            self.count(reason);
+            let message = if reason == "no_key" {
+                "this server needs an API key: send Authorization: Bearer KEY"
+            } else {
+                "the API key is not known to this server"
+            };
+            refusal(
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                message.into(),
+                message_only,
+            )
+        })?;
+        if let Some(rate) = &holder.rate
+            && !rate.take()
+        {
+            self.count("rate_limited");
+            let message = format!(
+                "key {:?} may make {} requests per second",
+                holder.name, rate.requests_per_s
+            );
+            let mut response = refusal(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                message,
+                message_only,
+            );
+            (response.headers_mut()).insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return Err(response);
+        }
+        Ok(holder)
     }
 
     fn holder(&self, request: &Request) -> Result<&KeyHolder, &'static str> {
@@ -385,22 +475,9 @@ pub async fn authorize_app(
         Need::Write
     };
     let message_only = gate.routes.message_only_errors;
-    let holder = match gate.access.holder(&request) {
+    let holder = match gate.access.admit(&request, message_only) {
         Ok(holder) => holder,
-        Err(reason) => {
-            gate.access.count(reason);
-            let message = if reason == "no_key" {
-                "this server needs an API key: send Authorization: Bearer KEY"
-            } else {
-                "the API key is not known to this server"
-            };
-            return refusal(
-                StatusCode::UNAUTHORIZED,
-                "unauthenticated",
-                message.into(),
-                message_only,
-            );
-        }
+        Err(refused) => return refused,
     };
     let mut scope = None;
     for role in &holder.roles {
@@ -463,17 +540,9 @@ pub async fn authorize_observer(
     request: Request,
     next: Next,
 ) -> Response {
-    let holder = match access.holder(&request) {
+    let holder = match access.admit(&request, false) {
         Ok(holder) => holder,
-        Err(reason) => {
-            access.count(reason);
-            return refusal(
-                StatusCode::UNAUTHORIZED,
-                "unauthenticated",
-                "this server needs an API key: send Authorization: Bearer KEY".into(),
-                false,
-            );
-        }
+        Err(refused) => return refused,
     };
     let allowed = (holder.roles.iter())
         .any(|role| matches!(role, Role::Admin | Role::ReadAll | Role::Metrics));
@@ -520,6 +589,7 @@ mod tests {
             ("\"ledger:participant:\"", "is not admin"),
             ("\"root\"", "is not admin"),
             ("", "1 to 64 roles"),
+            ("\"admin\"]\nrequests_per_s = 0\n#", "at least 1"),
         ];
         for (roles, expected) in refused {
             let error = Access::parse(&file(roles), APPS).unwrap_err();

@@ -20,6 +20,9 @@ pub struct NewKeyArgs {
     /// ledger:participant:dfsp1 or payments:merchant:m_1
     #[arg(long = "role", required = true)]
     roles: Vec<String>,
+    /// The most requests per second the key may make; more are answered 429 [default: no limit]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    requests_per_s: Option<u32>,
     /// The key file to add it to (created if missing); without it, the entry is printed instead
     #[arg(long)]
     file: Option<PathBuf>,
@@ -42,11 +45,14 @@ fn new_key(args: NewKeyArgs) -> anyhow::Result<()> {
     );
     let (key, hash) = spate_server::access::new_key();
     let roles: Vec<String> = args.roles.iter().map(|r| format!("{r:?}")).collect();
-    let entry = format!(
+    let mut entry = format!(
         "[[key]]\nname = \"{}\"\nsha256 = \"{hash}\"\nroles = [{}]\n",
         args.name,
         roles.join(", ")
     );
+    if let Some(rate) = args.requests_per_s {
+        entry += &format!("requests_per_s = {rate}\n");
+    }
     match &args.file {
         Some(path) => {
             let mut file = std::fs::OpenOptions::new()

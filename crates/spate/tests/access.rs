@@ -110,10 +110,16 @@ const APPS: [&str; 6] = ["tally", "fraud", "leaderboard", "ski", "ledger", "paym
 
 /// Makes a key with `roles` in the key file through `spate auth new-key`, and returns it.
 fn new_key(file: &Path, name: &str, roles: &[&str]) -> String {
+    new_key_with(file, name, roles, &[])
+}
+
+/// As [`new_key`], with more options of `spate auth new-key`.
+fn new_key_with(file: &Path, name: &str, roles: &[&str], options: &[&str]) -> String {
     let mut command = Command::new(env!("CARGO_BIN_EXE_spate"));
     command
         .args(["auth", "new-key", "--name", name, "--file"])
-        .arg(file);
+        .arg(file)
+        .args(options);
     for role in roles {
         command.args(["--role", role]);
     }
@@ -509,6 +515,64 @@ fn a_participants_and_a_merchants_keys_act_only_for_their_own() {
         (200, Some(1000)),
         "{body}"
     );
+}
+
+#[test]
+fn a_key_over_its_rate_is_answered_429_and_other_keys_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.toml");
+    let bursty = new_key_with(&keys, "bursty", &["tally:read"], &["--requests-per-s", "5"]);
+    let calm = new_key(&keys, "calm", &["tally:read"]);
+    let server = Server::start(
+        &dir.path().join("data"),
+        &["--apps", "tally", "--auth", keys.to_str().unwrap()],
+        None,
+    );
+    let agent = agent();
+    let (mut served, mut limited) = (0, 0);
+    for _ in 0..40 {
+        let (status, _, body) = call(
+            &agent,
+            &server.base,
+            "GET",
+            "/tally/totals",
+            Some(&bursty),
+            &[],
+            None,
+        );
+        match status {
+            200 => served += 1,
+            429 => {
+                assert_eq!(body["error"]["code"], "rate_limited", "{body}");
+                limited += 1;
+            }
+            other => panic!("{other} {body}"),
+        }
+        let (status, _, _) = call(
+            &agent,
+            &server.base,
+            "GET",
+            "/tally/totals",
+            Some(&calm),
+            &[],
+            None,
+        );
+        assert_eq!(status, 200, "another key is not limited");
+    }
+    // A second's worth at once, and what refills while the 80 requests are made.
+    assert!((5..=10).contains(&served), "{served} served");
+    assert_eq!(served + limited, 40);
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let (status, _, _) = call(
+        &agent,
+        &server.base,
+        "GET",
+        "/tally/totals",
+        Some(&bursty),
+        &[],
+        None,
+    );
+    assert_eq!(status, 200, "the bucket refills");
 }
 
 #[test]
