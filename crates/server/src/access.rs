@@ -265,7 +265,7 @@ impl Access {
     }
 
     /// The holder of the request's key, if it is known and within its rate; else the refusal, counted.
-    fn admit(&self, request: &Request, message_only: bool) -> Result<&KeyHolder, Response> {
+    fn admit(&self, request: &Request, message_only: bool) -> Result<&KeyHolder, Box<Response>> {
         let holder = self.holder(request).map_err(|reason| {
             self.count(reason);
             let message = if reason == "no_key" {
@@ -273,12 +273,12 @@ impl Access {
             } else {
                 "the API key is not known to this server"
             };
-            refusal(
+            Box::new(refusal(
                 StatusCode::UNAUTHORIZED,
                 "unauthenticated",
                 message.into(),
                 message_only,
-            )
+            ))
         })?;
         if let Some(rate) = &holder.rate
             && !rate.take()
@@ -295,7 +295,7 @@ impl Access {
                 message_only,
             );
             (response.headers_mut()).insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            return Err(response);
+            return Err(Box::new(response));
         }
         Ok(holder)
     }
@@ -477,7 +477,7 @@ pub async fn authorize_app(
     let message_only = gate.routes.message_only_errors;
     let holder = match gate.access.admit(&request, message_only) {
         Ok(holder) => holder,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let mut scope = None;
     for role in &holder.roles {
@@ -542,7 +542,7 @@ pub async fn authorize_observer(
 ) -> Response {
     let holder = match access.admit(&request, false) {
         Ok(holder) => holder,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let allowed = (holder.roles.iter())
         .any(|role| matches!(role, Role::Admin | Role::ReadAll | Role::Metrics));
