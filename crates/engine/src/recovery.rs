@@ -93,6 +93,41 @@ fn fresh_core(
     )
 }
 
+/// Renames a snapshot that cannot be used to `<name>.damaged`, where the operator finds it and
+/// `snapshot::list` does not: counted among the two snapshots kept, it would let the journal be
+/// released behind it, and the next damaged snapshot would then have no fallback (found by the
+/// simulation, `sim.rs`).
+fn set_aside(path: &Path) {
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(".damaged");
+    if let Err(error) = std::fs::rename(path, &aside) {
+        tracing::warn!(snapshot = %path.display(), %error, "cannot set the snapshot aside");
+    }
+}
+
+/// The partition as the snapshot file at `path` holds it, and whether it could be read whole.
+pub(crate) fn load_snapshot(
+    path: &Path,
+    partition: PartitionId,
+    partition_count: u16,
+    specs: &[AppSpec],
+    empty_idempotency: &IdempotencyTable,
+    archive: &Option<ArchiveStore>,
+) -> (Core, io::Result<()>) {
+    let mut core = fresh_core(
+        partition,
+        partition_count,
+        specs,
+        empty_idempotency,
+        archive,
+    );
+    let loaded = snapshot::open(path).and_then(|mut input| {
+        read_partition_snapshot(&mut input, &mut core, specs)?;
+        input.finish()
+    });
+    (core, loaded)
+}
+
 /// Restores the newest snapshot the journal can continue from, then replays the journal after it, and
 /// stores what replay archived.
 pub(crate) fn recover_partition(
@@ -110,17 +145,14 @@ pub(crate) fn recover_partition(
             tracing::warn!(partition, snapshot = %path.display(), "snapshot older than the journal's first record; skipped");
             continue;
         }
-        let mut core = fresh_core(
+        let (core, loaded) = load_snapshot(
+            &path,
             partition,
             partition_count,
             specs,
             empty_idempotency,
             archive,
         );
-        let loaded = snapshot::open(&path).and_then(|mut input| {
-            read_partition_snapshot(&mut input, &mut core, specs)?;
-            input.finish()
-        });
         // A snapshot is written only after the records it covers are in the journal: one past the
         // journal's end proves the journal lost acknowledged records (a truncated or damaged segment).
         // Starting from the journal alone would drop them silently.
@@ -149,10 +181,12 @@ pub(crate) fn recover_partition(
                 break;
             }
             Ok(()) => {
-                tracing::warn!(partition, snapshot = %path.display(), "snapshot LSN disagrees with its name; skipped")
+                tracing::warn!(partition, snapshot = %path.display(), "snapshot LSN disagrees with its name; set aside");
+                set_aside(&path);
             }
             Err(error) => {
-                tracing::warn!(partition, snapshot = %path.display(), %error, "unreadable snapshot; trying an older one")
+                tracing::warn!(partition, snapshot = %path.display(), %error, "unreadable snapshot, set aside; trying an older one");
+                set_aside(&path);
             }
         }
     }
