@@ -18,7 +18,10 @@ pub mod record;
 mod recovery;
 mod scrub;
 pub mod segmented;
+#[cfg(test)]
+mod sim;
 pub mod snapshot;
+mod stepped_snapshot;
 pub mod store;
 pub mod wire;
 

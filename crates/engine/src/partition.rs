@@ -12,13 +12,13 @@ use crate::core::{Admission, Core, FollowUp, Outgoing};
 use crate::journal::{JournalError, Log, Lsn};
 use crate::metrics::{PartitionMetrics, PauseTimer};
 use crate::record::{Envelope, Origin, begin_record, finish_record};
-use crate::snapshot::{ChunkSender, SectionWriter, SnapshotChunk, Unpublished};
+use crate::snapshot::{ChunkSender, SnapshotChunk, Unpublished};
+use crate::stepped_snapshot::SteppedSnapshot;
 use crate::{AppId, CommandId, EngineError, PartitionId, Reply, app_bit};
 use crossbeam_channel::{Receiver, Select, Sender, TryRecvError, TrySendError, bounded};
 use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
 use std::collections::VecDeque;
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -152,20 +152,6 @@ const SNAPSHOT_STEPS_MAX: Duration = Duration::from_millis(3);
 /// the file system only when this many are behind.
 const SNAPSHOT_CHUNKS_QUEUED: usize = 16;
 
-/// A snapshot of the partition, being written in steps between batches.
-struct SnapshotInProgress {
-    /// To the thread that writes the file and publishes it.
-    out: SectionWriter<ChunkSender>,
-    /// Indexes in `Core::apps` of the apps that write their state in steps, in the order written; the
-    /// idempotency table's section follows theirs, then the archive's.
-    stepped: Vec<usize>,
-    /// The one in `stepped` being written; `stepped.len()`: the idempotency table; one more: the
-    /// archive.
-    next: usize,
-    /// The first write error; the apps' steps then go on into nothing, so that they end their snapshot.
-    failed: Option<String>,
-}
-
 pub(crate) struct PartitionThread {
     pub core: Core,
     pub external: Receiver<Request>,
@@ -187,7 +173,7 @@ pub(crate) struct PartitionThread {
     /// Journal bytes framed since the last snapshot began: a few large records (a batch of 8,000
     /// transfers is one) would otherwise keep the journal from being released for a long time.
     journal_bytes_since_snapshot: u64,
-    snapshot: Option<SnapshotInProgress>,
+    snapshot: Option<SteppedSnapshot<ChunkSender>>,
     /// When the snapshot in progress last took steps: the partition has applied since.
     snapshot_steps_ended: Instant,
     /// The answer of the thread writing and publishing the last snapshot begun, until it came.
@@ -685,77 +671,18 @@ impl PartitionThread {
         let lsn = self.core.next_lsn;
         let (chunks, file_chunks) = bounded(SNAPSHOT_CHUNKS_QUEUED);
         self.start_snapshot_thread(lsn, file_chunks)?;
-        let mut out = ChunkSender::start(chunks).map_err(|e| e.to_string())?;
-        let mut failed = crate::recovery::write_partition_header(&self.core, &mut out).err();
-        let mut stepped = Vec::new();
-        for (index, (app, state)) in self.core.apps.iter_mut().enumerate() {
-            // Every app begins, even after a write error: its steps then go into nothing.
-            if state.begin_snapshot() {
-                stepped.push(index);
-            } else if failed.is_none() {
-                failed = out
-                    .write_all(&[*app])
-                    .and_then(|()| state.write_snapshot(&mut out))
-                    .and_then(|()| out.end_section())
-                    .err();
-            }
-        }
-        self.core.idempotency().begin_snapshot();
-        self.core.archive.begin_snapshot(lsn);
-        if failed.is_none() {
-            let first_app = stepped.first().map(|&index| self.core.apps[index].0);
-            failed = write_app_id(first_app, &mut out).err();
-        }
+        let out = ChunkSender::start(chunks).map_err(|e| e.to_string())?;
+        self.snapshot = Some(SteppedSnapshot::begin(&mut self.core, out));
         self.records_since_snapshot = 0;
         self.journal_bytes_since_snapshot = 0;
-        self.snapshot = Some(SnapshotInProgress {
-            out,
-            stepped,
-            next: 0,
-            failed: failed.map(|e| format!("writing a snapshot: {e}")),
-        });
         Ok(())
     }
 
-    /// Writes the next part of the snapshot in progress: the stepped apps' sections, then the
-    /// idempotency table's, then the archive's; once it is whole, publishes it.
+    /// Writes the next part of the snapshot in progress; once it is whole, publishes it.
     fn step_snapshot(&mut self) {
         let snapshot = self.snapshot.as_mut().expect("a snapshot is in progress");
-        let budget = self.limits.snapshot_step_bytes;
-        let app = snapshot.stepped.get(snapshot.next).copied();
-        let next_app = (snapshot.stepped.get(snapshot.next + 1)).map(|&i| self.core.apps[i].0);
-        let mut sink = std::io::sink();
-        let out: &mut dyn Write = match snapshot.failed {
-            None => &mut snapshot.out,
-            Some(_) => &mut sink,
-        };
-        let step = match app {
-            Some(index) => self.core.apps[index].1.write_snapshot_step(out, budget),
-            None if snapshot.next == snapshot.stepped.len() => {
-                self.core.idempotency().snapshot_step(out, budget)
-            }
-            // Last, so that it holds as few records as possible: most of those archived before the
-            // snapshot's LSN are in the store by now.
-            None => self.core.archive.snapshot_step(out, budget),
-        };
-        let step = step.and_then(|done| {
-            if done && snapshot.failed.is_none() {
-                snapshot.out.end_section()?;
-                if app.is_some() {
-                    write_app_id(next_app, &mut snapshot.out)?;
-                }
-            }
-            Ok(done)
-        });
-        let done = step.unwrap_or_else(|error| {
-            snapshot.failed = Some(format!("writing a snapshot: {error}"));
-            false
-        });
-        if done {
-            snapshot.next += 1;
-            if snapshot.next > snapshot.stepped.len() + 1 {
-                self.finish_snapshot();
-            }
+        if snapshot.step(&mut self.core, self.limits.snapshot_step_bytes) {
+            self.finish_snapshot();
         }
     }
 
@@ -792,8 +719,8 @@ impl PartitionThread {
     /// Ends the snapshot in progress: tells its thread to publish it, or to discard it if it failed.
     fn finish_snapshot(&mut self) {
         let snapshot = self.snapshot.take().expect("a snapshot is in progress");
-        let chunks = snapshot.out.into_inner();
-        match snapshot.failed {
+        let (chunks, failed) = snapshot.finish();
+        match failed {
             Some(error) => chunks.fail(error),
             // If its thread stopped, its answer says why.
             None => drop(chunks.finish()),
@@ -835,14 +762,6 @@ impl PartitionThread {
             .expect("the writer answers stop")
             .map_err(|e| e.to_string());
         snapshot.and(synced)
-    }
-}
-
-/// Starts an app's section of a snapshot, if there is an app to write.
-fn write_app_id(app: Option<AppId>, out: &mut impl Write) -> std::io::Result<()> {
-    match app {
-        Some(app) => out.write_all(&[app]),
-        None => Ok(()),
     }
 }
 
