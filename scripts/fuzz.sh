@@ -20,7 +20,12 @@ trap 'rm -f "$log"' EXIT
 for target in "${targets[@]}"; do
     echo "fuzzing $target for ${seconds}s"
     # A build error or a finding (libFuzzer stops at the first crash) exits non-zero.
-    if ! cargo +nightly fuzz run --fuzz-dir fuzz "$target" -- -max_total_time="$seconds" >"$log" 2>&1; then
+    # A target's own libFuzzer options, one per line (a dictionary, say), are in fuzz/args/<target>.
+    extra=()
+    if [ -f "fuzz/args/$target" ]; then
+        mapfile -t extra < <(grep -v '^#' "fuzz/args/$target")
+    fi
+    if ! cargo +nightly fuzz run --fuzz-dir fuzz "$target" -- -max_total_time="$seconds" "${extra[@]}" >"$log" 2>&1; then
         grep -E "ERROR|panicked|SUMMARY|Test unit written" "$log" || tail -30 "$log"
         echo "fuzz target $target failed; inputs: $(ls fuzz/artifacts/"$target" 2>/dev/null)" >&2
         exit 1

@@ -23,6 +23,7 @@ mod sim;
 pub mod snapshot;
 mod stepped_snapshot;
 pub mod store;
+pub mod untrusted;
 pub mod wire;
 
 pub use app::{AppSpec, Command, Effects, NewState, Projection, RestoreState, StateMachine};

@@ -732,7 +732,7 @@ impl Sim {
 #[test]
 fn a_damaged_snapshot_is_not_counted_among_the_two_kept() {
     let mut sim = Sim::new(0);
-    let mut published_snapshot = |sim: &mut Sim| {
+    let published_snapshot = |sim: &mut Sim| {
         for _ in 0..20 {
             sim.submit_new();
         }
@@ -744,7 +744,10 @@ fn a_damaged_snapshot_is_not_counted_among_the_two_kept() {
     };
     published_snapshot(&mut sim);
     published_snapshot(&mut sim);
-    assert!(sim.crash_with(Fault::FlippedSnapshot), "the older snapshot is whole");
+    assert!(
+        sim.crash_with(Fault::FlippedSnapshot),
+        "the older snapshot is whole"
+    );
     published_snapshot(&mut sim);
     assert!(
         sim.crash_with(Fault::FlippedSnapshot),

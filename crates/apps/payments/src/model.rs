@@ -302,8 +302,8 @@ impl Projection for PaymentsProjection {
         if format_or_len == FEED_CHECKPOINT_FORMAT {
             model.saved = decode(&input.read_bytes_le(CHECKPOINT_BYTES_MAX)?).map_err(invalid)?;
         } else {
-            let mut bytes = vec![0; format_or_len as usize];
-            input.read_exact(&mut bytes)?;
+            // A damaged length must not become an allocation (as in `PaymentsState::restore`).
+            let bytes = input.read_len_bytes(u64::from(format_or_len))?;
             let whole: SavedWithPayments = decode(&bytes).map_err(invalid)?;
             model.import(whole).map_err(invalid)?;
         }

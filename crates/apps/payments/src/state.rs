@@ -386,7 +386,6 @@ impl PaymentsState {
         {
             return Reply::Refused(Refusal::Exists);
         }
-        self.ledger.authorizations += 1;
         let txn = Txn {
             card: a.card.history_card(),
             timestamp: Digits::of(now_ms),
@@ -396,9 +395,17 @@ impl PaymentsState {
             currency: a.currency_numeric,
             merchant: a.scoring.mcc,
             city: a.scoring.city,
-            code: Digits::of(self.ledger.authorizations % 10_000_000_000),
+            code: Digits::of((self.ledger.authorizations + 1) % 10_000_000_000),
         };
-        debug_assert!(txn.validate().is_ok(), "the edge bounds every field");
+        // The edge bounds every field; a command that did not pass it (a damaged record whose
+        // checksum still matched, another node's bug) is refused before it changes anything. Found by
+        // the fuzz target `app_command`, where it failed an assertion.
+        if let Err(error) = txn.validate() {
+            return Reply::Refused(Refusal::Malformed(format!(
+                "an authorization out of bounds: {error}"
+            )));
+        }
+        self.ledger.authorizations += 1;
         let fraud_rule = if a.scoring.enabled {
             self.history
                 .score_and_store(&txn, &*self.rules, &mut self.window)

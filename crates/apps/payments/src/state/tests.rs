@@ -142,6 +142,28 @@ fn payment(reply: Reply) -> Payment {
     }
 }
 
+/// Found by the fuzz target `app_command`: an authorization with a field out of the bounds the edge
+/// enforces failed an assertion inside apply. It is refused before it changes anything.
+#[test]
+fn an_authorization_out_of_bounds_is_refused_and_changes_nothing() {
+    let mut s = state();
+    let mut command = authorize(1, 1000);
+    if let Command::Authorize(a) = &mut command {
+        a.scoring.city = 1_000_000;
+    }
+    let reply = run(&mut s, command, START_MS);
+    assert!(
+        matches!(&reply, Reply::Refused(Refusal::Malformed(m)) if m.contains("out of bounds")),
+        "{reply:?}"
+    );
+    assert_eq!(s.ledger.authorizations, 0);
+    assert_eq!(
+        payment(run(&mut s, authorize(1, 1000), START_MS + 1)).status,
+        Status::Authorized,
+        "the refused one left no trace"
+    );
+}
+
 #[test]
 fn partial_captures_then_final_capture_close_the_authorization() {
     let mut s = state();
