@@ -195,6 +195,73 @@ fn errors_before_any_handler_have_the_error_shape() {
     }
 }
 
+/// Sends `head` (request line and headers, CRLF each) and then `body`, over a new connection; the
+/// answer's status and body. Sending stops quietly if the server answers and closes first.
+fn raw_with_body(base: &str, head: &str, body: &[u8]) -> (u16, String) {
+    use std::io::{Read, Write};
+    let address = base.strip_prefix("http://").unwrap();
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    write!(stream, "{head}Host: {address}\r\nConnection: close\r\n\r\n").unwrap();
+    for piece in body.chunks(64 << 10) {
+        if stream.write_all(piece).is_err() {
+            break;
+        }
+    }
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).to_string();
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (
+        status,
+        answer.split("\r\n\r\n").nth(1).unwrap_or("").to_string(),
+    )
+}
+
+/// Issue 19, defect 7: a chunked body over the limit, and Content-Length with Transfer-Encoding
+/// (chunked wins, as HTTP/1.1 says), are answered in the error shape.
+#[test]
+fn chunked_bodies_are_refused_in_the_error_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--apps", "tally"], None);
+    let json_head = "POST /tally/transfers HTTP/1.1\r\nContent-Type: application/json\r\n";
+    let mut oversized = Vec::new();
+    for _ in 0..80 {
+        oversized.extend_from_slice(format!("{:x}\r\n", 64 << 10).as_bytes());
+        oversized.extend_from_slice(&[b' '; 64 << 10]);
+        oversized.extend_from_slice(b"\r\n");
+    }
+    oversized.extend_from_slice(b"0\r\n\r\n");
+    let cases = [
+        (
+            format!("{json_head}Transfer-Encoding: chunked\r\n"),
+            oversized,
+            413,
+            "limit",
+        ),
+        (
+            format!("{json_head}Content-Length: 3\r\nTransfer-Encoding: chunked\r\n"),
+            b"3\r\n{\"a\r\n0\r\n\r\n".to_vec(),
+            400,
+            "JSON",
+        ),
+    ];
+    for (head, body, status, mentions) in cases {
+        let (got, answer) = raw_with_body(&server.base, &head, &body);
+        assert_eq!(got, status, "{head:?}: {answer}");
+        let answer: serde_json::Value = serde_json::from_str(&answer)
+            .unwrap_or_else(|e| panic!("{head:?}: not JSON ({e}): {answer:?}"));
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(mentions), "{head:?}: {answer}");
+    }
+}
+
 /// Everything the server writes is its user's only, whatever umask it was started with (issue 19,
 /// defect 9: journals, snapshots and the keyring were 0644 under a 0755 data directory).
 #[test]
