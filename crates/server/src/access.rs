@@ -56,8 +56,6 @@ pub struct RouteAccess {
     /// Routes a key scoped to one party may call. Their handlers take a [`Scope`] and refuse what is
     /// not that party's; every other route refuses such keys.
     pub party_routes: &'static [&'static str],
-    /// Refusals are `{"message": ...}` (the ski spec's shape) instead of the common error shape.
-    pub message_only_errors: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -265,7 +263,7 @@ impl Access {
     }
 
     /// The holder of the request's key, if it is known and within its rate; else the refusal, counted.
-    fn admit(&self, request: &Request, message_only: bool) -> Result<&KeyHolder, Box<Response>> {
+    fn admit(&self, request: &Request) -> Result<&KeyHolder, Box<Response>> {
         let holder = self.holder(request).map_err(|reason| {
             self.count(reason);
             let message = if reason == "no_key" {
@@ -277,7 +275,6 @@ impl Access {
                 StatusCode::UNAUTHORIZED,
                 "unauthenticated",
                 message.into(),
-                message_only,
             ))
         })?;
         if let Some(rate) = &holder.rate
@@ -288,12 +285,7 @@ impl Access {
                 "key {:?} may make {} requests per second",
                 holder.name, rate.requests_per_s
             );
-            let mut response = refusal(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limited",
-                message,
-                message_only,
-            );
+            let mut response = refusal(StatusCode::TOO_MANY_REQUESTS, "rate_limited", message);
             (response.headers_mut()).insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             return Err(Box::new(response));
         }
@@ -408,21 +400,9 @@ impl<S: Send + Sync> FromRequestParts<S> for Scope {
     }
 }
 
-fn refusal(
-    status: StatusCode,
-    code: &'static str,
-    message: String,
-    message_only: bool,
-) -> Response {
-    let mut response = if message_only {
-        (
-            status,
-            axum::Json(serde_json::json!({ "message": message })),
-        )
-            .into_response()
-    } else {
-        ApiError::new(status, code, message).into_response()
-    };
+/// A refusal in the common error shape (`api::shape_errors` puts it in an app's own, where it has one).
+fn refusal(status: StatusCode, code: &'static str, message: String) -> Response {
+    let mut response = ApiError::new(status, code, message).into_response();
     if status == StatusCode::UNAUTHORIZED {
         (response.headers_mut())
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -474,8 +454,7 @@ pub async fn authorize_app(
     } else {
         Need::Write
     };
-    let message_only = gate.routes.message_only_errors;
-    let holder = match gate.access.admit(&request, message_only) {
+    let holder = match gate.access.admit(&request) {
         Ok(holder) => holder,
         Err(refused) => return *refused,
     };
@@ -527,7 +506,7 @@ pub async fn authorize_app(
             request.method(),
             holder.name
         );
-        return refusal(StatusCode::FORBIDDEN, "forbidden", message, message_only);
+        return refusal(StatusCode::FORBIDDEN, "forbidden", message);
     };
     request.extensions_mut().insert(scope);
     next.run(request).await
@@ -540,7 +519,7 @@ pub async fn authorize_observer(
     request: Request,
     next: Next,
 ) -> Response {
-    let holder = match access.admit(&request, false) {
+    let holder = match access.admit(&request) {
         Ok(holder) => holder,
         Err(refused) => return *refused,
     };
@@ -556,7 +535,6 @@ pub async fn authorize_observer(
                 request.uri().path(),
                 holder.name
             ),
-            false,
         );
     }
     next.run(request).await

@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use spate_engine::{CommandId, EngineError, Reply};
+use std::sync::Arc;
 
 /// The one error shape: `{"error": {"code": ..., "message": ...}}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,17 +61,17 @@ const ERROR_BODY_BYTES_MAX: usize = 64 << 10;
 
 /// An error answer taken apart, to be put in an app's error shape: what it says, and its bytes for a
 /// caller that finds it in the right shape already.
-pub struct ErrorAnswer {
-    pub parts: axum::http::response::Parts,
-    pub bytes: axum::body::Bytes,
+struct ErrorAnswer {
+    parts: axum::http::response::Parts,
+    bytes: axum::body::Bytes,
     /// The `message` of a body in the one error shape, else its text, else (an empty body) the
     /// status's reason; a 405 names the method and what `Allow` allows.
-    pub message: String,
+    message: String,
 }
 
 impl ErrorAnswer {
     /// Reads the body of `response`, an error answer to a `method` request.
-    pub async fn read(method: &axum::http::Method, response: Response) -> Self {
+    async fn read(method: &axum::http::Method, response: Response) -> Self {
         debug_assert!(response.status().as_u16() >= 400, "not an error answer");
         let (parts, body) = response.into_parts();
         let bytes = axum::body::to_bytes(body, ERROR_BODY_BYTES_MAX)
@@ -101,12 +102,12 @@ impl ErrorAnswer {
     }
 
     /// The answer as it was.
-    pub fn unchanged(self) -> Response {
+    fn unchanged(self) -> Response {
         Response::from_parts(self.parts, axum::body::Body::from(self.bytes))
     }
 
     /// The answer's status and headers (such as `Allow`) with `shaped`'s body and content type.
-    pub fn reshaped(mut self, shaped: Response) -> Response {
+    fn reshaped(mut self, shaped: Response) -> Response {
         let (shaped_parts, body) = shaped.into_parts();
         self.parts.headers.remove(header::CONTENT_LENGTH);
         self.parts.headers.extend(shaped_parts.headers);
@@ -116,14 +117,26 @@ impl ErrorAnswer {
 
 /// Puts every error answer that is not JSON yet in the one error shape: axum's own rejections (a bad
 /// query value, a path that is not UTF-8, a body over the limit) are plain text, and a 405 has no body
-/// at all. JSON answers are the apps' own and stay as they are.
-pub async fn shape_errors(request: Request, next: axum::middleware::Next) -> Response {
+/// at all. JSON answers are the apps' own and stay as they are. Under `message_only_paths` (an app's
+/// `AppModule::message_only_error_paths`), every error answer is `{"message": ...}` instead.
+pub async fn shape_errors(
+    axum::extract::State(message_only_paths): axum::extract::State<Arc<Vec<&'static str>>>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
     let method = request.method().clone();
+    let message_only = (message_only_paths.iter()).any(|p| request.uri().path().starts_with(p));
     let response = next.run(request).await;
+    if response.status().as_u16() < 400 {
+        return response;
+    }
+    if message_only {
+        return message_only_shape(&method, response).await;
+    }
     let is_json = (response.headers().get(header::CONTENT_TYPE))
         .and_then(|value| value.to_str().ok())
         .is_some_and(|value| value.starts_with("application/json"));
-    if response.status().as_u16() < 400 || is_json {
+    if is_json {
         return response;
     }
     let answer = ErrorAnswer::read(&method, response).await;
@@ -131,6 +144,20 @@ pub async fn shape_errors(request: Request, next: axum::middleware::Next) -> Res
     let reason = status.canonical_reason().unwrap_or("error");
     let code = reason.to_lowercase().replace([' ', '-'], "_");
     let shaped = ApiError::new(status, code, answer.message.clone()).into_response();
+    answer.reshaped(shaped)
+}
+
+/// An error answer as `{"message": ...}`, unless it is in that shape already.
+async fn message_only_shape(method: &axum::http::Method, response: Response) -> Response {
+    let answer = ErrorAnswer::read(method, response).await;
+    let in_shape = serde_json::from_slice::<serde_json::Value>(&answer.bytes)
+        .is_ok_and(|body| body["message"].is_string());
+    if in_shape {
+        return answer.unchanged();
+    }
+    let status = answer.parts.status;
+    let body = serde_json::json!({ "message": answer.message });
+    let shaped = (status, axum::Json(body)).into_response();
     answer.reshaped(shaped)
 }
 

@@ -33,6 +33,10 @@ pub struct AppModule {
     pub routes: RoutesBuilder,
     /// Which of its routes need an admin key, and which a key scoped to one party may call.
     pub access: access::RouteAccess,
+    /// Path prefixes under which every error answer is `{"message": ...}` (the ski spec's shape)
+    /// rather than the common one, whoever made it: the app's handlers, axum, the server's limits,
+    /// access control, the fallback of an unknown path.
+    pub message_only_error_paths: &'static [&'static str],
 }
 
 pub struct ServerConfig {
@@ -82,6 +86,9 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
             Some(access)
         }
     };
+    let message_only_error_paths: Vec<&'static str> = (modules.iter())
+        .flat_map(|m| m.message_only_error_paths.iter().copied())
+        .collect();
     let gates: Vec<_> = (modules.iter())
         .map(|m| (access.clone()).map(|access| access::AppGate::new(access, m.spec.name, m.access)))
         .collect();
@@ -157,7 +164,10 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
         ))
         .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX))
         .layer(axum::middleware::from_fn(reject_oversized))
-        .layer(axum::middleware::from_fn(api::shape_errors));
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(message_only_error_paths),
+            api::shape_errors,
+        ));
 
     let listener =
         listen(config.listen).map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;

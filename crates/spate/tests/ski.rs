@@ -523,9 +523,26 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
         (reply["message"].as_str().unwrap_or("")).contains("DELETE"),
         "{reply}"
     );
-    // An oversized body is refused from its Content-Length, before it is read.
+    // An oversized body is refused from its Content-Length, before it is read; that refusal and a
+    // path no ski route matches are in the spec's shape too (issue 19, defect 7).
     let path = good.url("");
-    assert_eq!(support::post_oversized(base, &path).0, 413);
+    let refusals = [
+        support::post_oversized(base, &path),
+        support::raw_request(base, "GET /skiers/1/nowhere HTTP/1.1\r\n"),
+        support::raw_request(
+            base,
+            "GET /resorts/1/seasons/2024/day/1/skiers/x HTTP/1.1\r\n",
+        ),
+    ];
+    for ((status, body), expected) in refusals.into_iter().zip([413, 404, 404]) {
+        assert_eq!(status, expected, "{body}");
+        let reply: serde_json::Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body:?}"));
+        assert!(
+            reply["message"].is_string() && reply.get("error").is_none(),
+            "{reply}"
+        );
+    }
 
     assert_eq!(rides_in_model(&agent, base), 1);
     assert_eq!(get(&agent, &good.url(base)), (200, json!(10)));

@@ -49,7 +49,6 @@ pub const ROUTE_ACCESS: spate_server::access::RouteAccess = spate_server::access
     admin_routes: &[GENERATE_ROUTE],
     party_kind: None,
     party_routes: &[],
-    message_only_errors: false,
 };
 const GENERATE_ROUTE: &str = "/fraud/history/generate";
 

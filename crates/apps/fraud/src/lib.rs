@@ -95,5 +95,6 @@ pub fn module(config: FraudConfig) -> AppModule {
             Ok(http::routes(ingest, cap))
         }),
         access: http::ROUTE_ACCESS,
+        message_only_error_paths: &[],
     }
 }

@@ -41,5 +41,6 @@ pub fn module() -> AppModule {
         spec,
         routes: Box::new(|engine, _| Ok(http::routes(engine))),
         access: spate_server::access::RouteAccess::default(),
+        message_only_error_paths: &[],
     }
 }

@@ -57,5 +57,6 @@ pub fn module(open_transfers_max: u64) -> AppModule {
             Ok(http::routes(engine, model, waiters, open_transfers_max))
         }),
         access: ROUTE_ACCESS,
+        message_only_error_paths: &[],
     }
 }

@@ -64,7 +64,6 @@ pub const ROUTE_ACCESS: RouteAccess = RouteAccess {
         "/v1/payments/{id}/cancel",
         "/v1/payments/{id}/refunds",
     ],
-    message_only_errors: false,
 };
 
 pub fn routes(payments: Arc<Payments>) -> Router {

@@ -128,6 +128,7 @@ pub fn module(config: PaymentsConfig) -> Result<AppModule, String> {
             })))
         }),
         access: ROUTE_ACCESS,
+        message_only_error_paths: &[],
     })
 }
 

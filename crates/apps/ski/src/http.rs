@@ -20,7 +20,7 @@ use serde::de::IgnoredAny;
 use serde_json::{Value, json};
 use spate_engine::{EngineError, EngineHandle, Reply};
 use spate_server::ApiError;
-use spate_server::api::{ErrorAnswer, command_id, reply_bytes};
+use spate_server::api::{command_id, reply_bytes};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -120,28 +120,10 @@ impl IntoResponse for SkiError {
     }
 }
 
-/// Every error the ski routes answer is the spec's `{"message"}`: those made outside the ski handlers
-/// (a 405 from the method router, a rejection in the server's `{"error": {...}}` shape or as text)
-/// are put in it here; the ski handlers' own errors pass through.
-async fn spec_error_shape(
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let method = request.method().clone();
-    let response = next.run(request).await;
-    let status = response.status();
-    if status.as_u16() < 400 {
-        return response;
-    }
-    let answer = ErrorAnswer::read(&method, response).await;
-    let in_spec_shape = serde_json::from_slice::<Value>(&answer.bytes)
-        .is_ok_and(|body| body["message"].is_string());
-    if in_spec_shape {
-        return answer.unchanged();
-    }
-    let message = answer.message.clone();
-    answer.reshaped(SkiError { status, message }.into_response())
-}
+/// Where the ski routes are: every error answer under these paths is the spec's `{"message"}`, those
+/// of the ski handlers and those made outside them alike (a 405 from the method router, a rejection, a
+/// body over the server's limit, an unknown path), by the server's `api::shape_errors`.
+pub(crate) const PATHS: &[&str] = &["/skiers/", "/resorts", "/statistics", "/ski/"];
 
 impl From<ApiError> for SkiError {
     fn from(error: ApiError) -> Self {
@@ -567,6 +549,5 @@ pub(crate) fn routes(engine: EngineHandle, store: Arc<RideStore>, config: SkiCon
             stats,
             crate::stats::record,
         ))
-        .layer(axum::middleware::from_fn(spec_error_shape))
         .with_state(ski)
 }

@@ -136,10 +136,8 @@ pub fn module(
                 .map_err(|e| format!("spawning the ski store's scrub: {e}"))?;
             Ok(http::routes(engine, store, config))
         }),
-        access: spate_server::access::RouteAccess {
-            message_only_errors: true,
-            ..Default::default()
-        },
+        access: spate_server::access::RouteAccess::default(),
+        message_only_error_paths: http::PATHS,
     })
 }
 

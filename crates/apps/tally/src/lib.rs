@@ -35,5 +35,6 @@ pub fn module() -> AppModule {
         spec,
         routes: Box::new(move |engine, _| Ok(http::routes(engine, totals))),
         access: spate_server::access::RouteAccess::default(),
+        message_only_error_paths: &[],
     }
 }

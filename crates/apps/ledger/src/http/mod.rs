@@ -657,7 +657,6 @@ pub const ROUTE_ACCESS: RouteAccess = RouteAccess {
         "/transfers/{id}",
         "/transfers/{id}/error",
     ],
-    message_only_errors: false,
 };
 
 pub(crate) fn routes(
