@@ -1,12 +1,14 @@
-//! Applying commands that nobody vouches for, for fuzz targets (`fuzz/fuzz_targets/app_command.rs`):
-//! an app's apply decodes its payload and must refuse what it cannot decode, never panic, since a
-//! command reaches it from a client through its routes, from another node, or from a journal.
+//! What the engine reads that nobody vouches for, open to fuzz targets (`fuzz/fuzz_targets/`): an
+//! app's commands (its apply decodes its payload and must refuse what it cannot decode, never panic,
+//! since a command reaches it from a client through its routes, from another node, or from a journal)
+//! and partition snapshot files.
 
 use crate::app::AppSpec;
 use crate::archive::Archive;
 use crate::core::Core;
 use crate::idempotency::IdempotencyTable;
 use crate::record::{Envelope, Origin};
+use std::path::Path;
 
 /// Applies `payloads` in order, as client commands without a key, to a fresh state of `spec`'s app on
 /// partition 0 of 1, as a partition does but without a journal; returns the replies. What the app
@@ -36,4 +38,11 @@ pub fn apply_client_commands<'a>(
         );
     }
     replies
+}
+
+/// Reads the partition snapshot file at `path` as start-up does (partition 0 of 1, with `specs`'
+/// apps): the partition it holds, or why not.
+pub fn read_partition_snapshot(specs: &[AppSpec], path: &Path) -> std::io::Result<()> {
+    let idempotency = IdempotencyTable::new(60_000, 1_024, 1 << 20);
+    crate::recovery::load_snapshot(path, 0, 1, specs, &idempotency, &None).1
 }
