@@ -20,6 +20,8 @@ mod scrub;
 pub mod segmented;
 #[cfg(test)]
 mod sim;
+#[cfg(test)]
+mod sim_follow_ups;
 pub mod snapshot;
 mod stepped_snapshot;
 pub mod store;

@@ -781,7 +781,7 @@ fn count_records(frames: &[u8]) -> usize {
 /// How many records of `frames` are whole when only its first `cut` bytes are written and the rest
 /// reads as zeros: those that end within them, and one that ends in zeros where it was cut (what was
 /// lost is what was there).
-fn whole_records(frames: &[u8], cut: usize) -> usize {
+pub(crate) fn whole_records(frames: &[u8], cut: usize) -> usize {
     let (mut at, mut whole) = (0, 0);
     while at < cut {
         let length = u32::from_le_bytes(frames[at..at + 4].try_into().unwrap()) as usize;
