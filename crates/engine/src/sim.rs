@@ -214,12 +214,7 @@ struct Sim {
 impl Sim {
     fn new(seed: u64) -> Self {
         let mut rng = SmallRng::seed_from_u64(seed);
-        let parent = Path::new("/dev/shm");
-        let dir = if parent.is_dir() {
-            tempfile::tempdir_in(parent).unwrap()
-        } else {
-            tempfile::tempdir().unwrap()
-        };
+        let dir = scratch_dir();
         let config = JournalConfig {
             durability: Durability::Fsync,
             // Small segments, so that segments roll and are released behind snapshots.
@@ -800,20 +795,32 @@ fn find_last(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     .filter(|_| !needle.is_empty())
 }
 
-fn seeds() -> Vec<u64> {
+/// A directory for a seed's files: in memory where the machine has a tmpfs, since a simulation is
+/// mostly fsyncs.
+pub(crate) fn scratch_dir() -> tempfile::TempDir {
+    let in_memory = Path::new("/dev/shm");
+    if in_memory.is_dir() {
+        tempfile::tempdir_in(in_memory).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    }
+}
+
+/// The seeds to run: `SPATE_SIM_SEED` alone, or the first `SPATE_SIM_SEEDS` (`default` without it).
+pub(crate) fn seeds(default: u64) -> Vec<u64> {
     if let Ok(seed) = std::env::var("SPATE_SIM_SEED") {
         return vec![seed.parse().expect("SPATE_SIM_SEED is a number")];
     }
     let count = std::env::var("SPATE_SIM_SEEDS")
         .map(|n| n.parse().expect("SPATE_SIM_SEEDS is a number"))
-        .unwrap_or(SEEDS_DEFAULT);
+        .unwrap_or(default);
     (0..count).collect()
 }
 
 #[test]
 fn every_seed_keeps_what_was_acknowledged_exactly_once() {
     let (mut refused, mut crashes) = (0, 0);
-    let seeds = seeds();
+    let seeds = seeds(SEEDS_DEFAULT);
     for &seed in &seeds {
         let mut sim = Sim::new(seed);
         if let Outcome::Refused = sim.run() {

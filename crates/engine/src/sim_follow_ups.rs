@@ -136,12 +136,7 @@ struct World {
 impl World {
     fn new(seed: u64) -> Self {
         let mut rng = SmallRng::seed_from_u64(seed);
-        let parent = std::path::Path::new("/dev/shm");
-        let dir = if parent.is_dir() {
-            tempfile::tempdir_in(parent).unwrap()
-        } else {
-            tempfile::tempdir().unwrap()
-        };
+        let dir = crate::sim::scratch_dir();
         let config = JournalConfig {
             durability: Durability::Fsync,
             segment_bytes: rng.random_range(256..2048),
@@ -582,12 +577,7 @@ impl World {
 
 #[test]
 fn every_follow_up_is_applied_exactly_once_across_crashes_and_a_faulty_network() {
-    let seeds: Vec<u64> = match std::env::var("SPATE_SIM_SEED") {
-        Ok(seed) => vec![seed.parse().unwrap()],
-        Err(_) => (0..std::env::var("SPATE_SIM_SEEDS")
-            .map_or(SEEDS_DEFAULT, |n| n.parse().unwrap()))
-            .collect(),
-    };
+    let seeds = crate::sim::seeds(SEEDS_DEFAULT);
     let (mut crashes, mut delivered) = (0, 0);
     for &seed in &seeds {
         let mut world = World::new(seed);

@@ -6,7 +6,7 @@ mod support;
 
 use serde_json::{Value, json};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use support::ledger::{fulfil_body, prepare_body, transfer_id};
 use support::{Server, agent};
 
@@ -578,17 +578,7 @@ fn a_key_over_its_rate_is_answered_429_and_other_keys_are_served() {
 #[test]
 fn a_server_reachable_from_other_machines_needs_keys() {
     let dir = tempfile::tempdir().unwrap();
-    let refused = |args: &[&str]| {
-        let output = Command::new(env!("CARGO_BIN_EXE_spate"))
-            .args(["serve", "--data-dir"])
-            .arg(dir.path())
-            .args(args)
-            .stdout(Stdio::null())
-            .output()
-            .unwrap();
-        assert!(!output.status.success());
-        String::from_utf8_lossy(&output.stderr).to_string()
-    };
+    let refused = |args: &[&str]| support::refused_serve(dir.path(), args);
     let stderr = refused(&["--apps", "tally", "--listen", "0.0.0.0:0"]);
     assert!(stderr.contains("needs --auth FILE"), "{stderr}");
     let keys = dir.path().join("keys.toml");

@@ -144,23 +144,10 @@ fn a_key_that_does_not_match_its_certificate_is_refused_at_start_up() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, _) = certificate(dir.path(), "server");
     let (_, other_key) = certificate(dir.path(), "other");
+    let data = dir.path().join("data");
     let refused = |args: &[&str]| {
-        let output = Command::new(env!("CARGO_BIN_EXE_spate"))
-            .args([
-                "serve",
-                "--apps",
-                "tally",
-                "--listen",
-                "127.0.0.1:0",
-                "--data-dir",
-            ])
-            .arg(dir.path().join("data"))
-            .args(args)
-            .stdout(Stdio::null())
-            .output()
-            .unwrap();
-        assert!(!output.status.success());
-        String::from_utf8_lossy(&output.stderr).to_string()
+        let args = [&["--apps", "tally", "--listen", "127.0.0.1:0"], args].concat();
+        support::refused_serve(&data, &args)
     };
     let stderr = refused(&["--tls-cert", &cert, "--tls-key", &other_key]);
     assert!(

@@ -437,6 +437,20 @@ pub fn kill_under_load<T: Sync>(
     });
 }
 
+/// Runs `spate serve --data-dir <data_dir> <args>`, which must refuse to start at once (a bad option
+/// or file): its log.
+pub fn refused_serve(data_dir: &Path, args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_spate"))
+        .args(["serve", "--data-dir"])
+        .arg(data_dir)
+        .args(args)
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "the server started");
+    String::from_utf8_lossy(&output.stderr).to_string()
+}
+
 /// Runs `spate serve --apps <apps> <extra>` on `dir`, which must refuse to start: its exit status and
 /// log.
 pub fn refused_start_up(
