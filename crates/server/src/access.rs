@@ -297,8 +297,11 @@ impl Access {
             .headers()
             .get(header::AUTHORIZATION)
             .ok_or("no_key")?;
+        // The scheme's name is case-insensitive (RFC 9110).
         let key = (value.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, key)| key)
             .ok_or("unknown_key")?;
         let hash: [u8; 32] = Sha256::digest(key.trim().as_bytes()).into();
         self.keys.get(&hash).ok_or("unknown_key")
@@ -606,6 +609,9 @@ mod tests {
             "unknown_key"
         );
         assert_eq!(access.holder(&with(&key)).unwrap_err(), "unknown_key");
+        let holder = |value: String| access.holder(&with(&value)).map(|h| h.name.clone());
+        assert_eq!(holder(format!("bearer  {key}")).unwrap(), "ops");
+        assert_eq!(holder(format!("Basic {key}")).unwrap_err(), "unknown_key");
         let none = Request::builder().body(axum::body::Body::empty()).unwrap();
         assert_eq!(access.holder(&none).unwrap_err(), "no_key");
     }
