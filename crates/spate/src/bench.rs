@@ -109,9 +109,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         None => "embedded (fdatasync per group commit)".into(),
     };
     let mut report = format!(
-        "# spate benchmark report\n\n- machine: {}\n- date: {} (epoch ms)\n- journal: {journal}\n- command: `spate {command_line}`\n\n",
+        "# spate benchmark report\n\n- machine: {}\n- date: {}\n- journal: {journal}\n- command: `spate {command_line}`\n\n",
         machine(),
-        crate::fraud_cli::wall_ms()
+        utc_date(crate::fraud_cli::wall_ms())
     );
     for app in apps {
         let section = match app {
@@ -356,6 +356,18 @@ pub fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
     Ok(kib * 1024)
 }
 
+/// A wall-clock time in ms as ISO 8601 in UTC (`2026-11-26T03:58:00.123Z`), as every report dates itself.
+pub fn utc_date(ms: u64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| format!("{ms} ms after the epoch"))
+}
+
+/// The machine a report was measured on: cores, CPU model, memory.
 pub fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
@@ -468,7 +480,7 @@ fn fraud(args: &FraudBench, out: &std::path::Path) -> anyhow::Result<String> {
     let command_line = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
     let report = json!({
         "benchmark": "fraud",
-        "date_ms": started_at,
+        "date": utc_date(started_at),
         "machine": machine(),
         "command": format!("spate {command_line}"),
         "cards": args.cards,

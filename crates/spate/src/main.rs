@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(
     name = "spate",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("SPATE_COMMIT"), ")"),
     about = "A fault-tolerant engine for high-rate transactions"
 )]
 struct Cli {

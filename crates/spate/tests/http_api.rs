@@ -519,3 +519,26 @@ fn snapshot_pauses_are_in_the_metrics() {
         assert!(longest > 0.0, "partition {partition}: {longest}");
     }
 }
+
+/// `spate --version` names the version and the commit the binary was built from (issue 20).
+#[test]
+fn the_version_names_its_commit() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_spate"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let printed = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        printed.starts_with(&format!("spate {} (", env!("CARGO_PKG_VERSION"))),
+        "{printed}"
+    );
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    if let Some(head) = head {
+        assert!(printed.contains(&head), "{printed} should name {head}");
+    }
+}
