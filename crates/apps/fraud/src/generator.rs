@@ -7,8 +7,7 @@
 use crate::java_random::JavaRandom;
 use crate::record::{Digits, Txn};
 
-pub const DAY_MS: u64 = 86_400_000;
-pub const HISTORY_WINDOW_MS: u64 = 90 * DAY_MS;
+pub use spate_cards::{DAY_MS, HISTORY_WINDOW_MS};
 /// The case study's scale: 30 million cards with 20 history records each.
 pub const CASE_STUDY_CARDS: u32 = 30_000_000;
 pub const CASE_STUDY_HISTORY_LEN: u32 = 20;

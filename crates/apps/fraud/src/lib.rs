@@ -5,21 +5,19 @@
 //! splits batches by card and queues one encrypted command per partition. Apply ([`state::FraudState`])
 //! scores and stores; card data is encrypted in the journal and in snapshots ([`cipher`]).
 
-pub mod cipher;
 pub mod command;
 pub mod generator;
-pub mod history;
 mod http;
 pub mod ingest;
 pub mod java_random;
 pub mod offline;
 pub mod producer;
-pub mod record;
-pub mod rules;
 pub mod state;
 pub mod stream;
 
 pub use http::TXNS_PER_REQUEST_MAX;
+// The scoring library lives in `spate-cards`, which payments uses too; fraud names it as its own.
+pub use spate_cards::{cipher, history, record, rules};
 
 use cipher::CardCipher;
 use rules::{CaseStudyRules, RuleSet};

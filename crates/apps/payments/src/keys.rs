@@ -140,7 +140,7 @@ impl Kek {
                 });
             }
         }
-        let key = spate_fraud::cipher::load_or_create_key(path).map_err(|e| {
+        let key = spate_cards::cipher::load_or_create_key(path).map_err(|e| {
             if e.kind() == io::ErrorKind::InvalidData {
                 KeyError::BadKek(path.to_path_buf())
             } else {

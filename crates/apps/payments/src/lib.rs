@@ -24,8 +24,8 @@ use keys::{Kek, Keyring};
 use model::{ModelStore, PaymentsModel, PaymentsProjection};
 use reference::{Reference, ReferenceSources};
 use settle::Settler;
+use spate_cards::rules::CaseStudyRules;
 use spate_engine::AppSpec;
-use spate_fraud::rules::CaseStudyRules;
 use spate_server::AppModule;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -135,7 +135,7 @@ pub fn module(config: PaymentsConfig) -> Result<AppModule, String> {
 pub fn new_state() -> state::PaymentsState {
     state::PaymentsState::new(
         Arc::new(CaseStudyRules),
-        spate_fraud::history::ENTRIES_PER_CARD_DEFAULT,
+        spate_cards::history::ENTRIES_PER_CARD_DEFAULT,
     )
 }
 

@@ -17,10 +17,10 @@ use crate::command::{
     Refusal, Reply, Status, decode, encode,
 };
 use serde::{Deserialize, Serialize};
+use spate_cards::history::HistoryStore;
+use spate_cards::record::{Digits, Txn};
+use spate_cards::rules::RuleSet;
 use spate_engine::{Effects, StateMachine};
-use spate_fraud::history::HistoryStore;
-use spate_fraud::record::{Digits, Txn};
-use spate_fraud::rules::RuleSet;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::Arc;

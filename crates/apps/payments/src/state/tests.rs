@@ -2,7 +2,7 @@ use super::*;
 use crate::command::{Scoring, StoredCard, Tax};
 use crate::keys::SealedCard;
 use proptest::prelude::*;
-use spate_fraud::rules::CaseStudyRules;
+use spate_cards::rules::CaseStudyRules;
 use std::collections::HashMap;
 
 const HOUR_MS: u64 = 3_600_000;

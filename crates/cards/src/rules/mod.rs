@@ -5,7 +5,7 @@
 //! at rule 36), then computes every history aggregate in a single pass over the history instead of one
 //! scan per rule. `tests.rs` checks it, rule by rule, against a literal one-scan-per-rule transcription.
 
-use crate::generator::DAY_MS;
+use crate::DAY_MS;
 use crate::record::{Digits, Txn};
 
 pub const HOUR_MS: u64 = 3_600_000;

@@ -3,7 +3,7 @@
 //! arithmetic, H' built explicitly).
 
 use super::*;
-use crate::generator::DAY_MS;
+use crate::DAY_MS;
 use proptest::prelude::*;
 
 /// 2024-10-04 12:00:00 UTC: not night, not March 25.

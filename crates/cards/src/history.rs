@@ -14,7 +14,7 @@
 //! at random, and copying whole segments copied nearly all of them). A bit of the card's header marks it
 //! as already written, or as new since the snapshot began, so that its segment's step skips it.
 
-use crate::generator::HISTORY_WINDOW_MS;
+use crate::HISTORY_WINDOW_MS;
 use crate::record::{Digits, Txn};
 use crate::rules::RuleSet;
 use std::collections::HashMap;

@@ -3,7 +3,7 @@
 //! `cargo bench -p spate-fraud --bench cipher`
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use spate_fraud::cipher::{CardCipher, KEY_BYTES, OpeningReader, SealingWriter};
+use spate_cards::cipher::{CardCipher, KEY_BYTES, OpeningReader, SealingWriter};
 use std::hint::black_box;
 use std::io::{Read, Write};
 
