@@ -19,8 +19,9 @@
 //! Every app route is authorized by a layer the server puts around each app's routes, so a route an
 //! app adds is refused to anyone without a role for it; nothing is open by default but `/health` (for
 //! load balancers) and the cluster's internal routes (signed by the nodes, see `cluster_auth`). A
-//! refusal is 401 without a known key and 403 with a key whose roles do not reach the route, in the
-//! app's error shape, and counted in `spate_http_refused_total{reason}`.
+//! refusal is 401 without a known key, 403 with a key whose roles do not reach the route and 429 over
+//! its rate, in the common error shape (`api::shape_errors` turns it into an app's own), and counted in
+//! `spate_http_refused_total{reason}`.
 
 use crate::api::ApiError;
 use axum::extract::{FromRequestParts, MatchedPath, Request, State};
@@ -445,12 +446,10 @@ pub async fn authorize_app(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let route = (request.extensions().get::<MatchedPath>()).map_or_else(
-        || request.uri().path().to_string(),
-        |m| m.as_str().to_string(),
-    );
-    let need = if route.starts_with("/admin/") || gate.routes.admin_routes.contains(&route.as_str())
-    {
+    // A layer on routes always runs after routing; the matched path is shared, not copied.
+    let matched = request.extensions().get::<MatchedPath>().cloned();
+    let route = matched.as_ref().map_or("", MatchedPath::as_str);
+    let need = if route.starts_with("/admin/") || gate.routes.admin_routes.contains(&route) {
         Need::Admin
     } else if request.method() == Method::GET || request.method() == Method::HEAD {
         Need::Read
@@ -471,7 +470,7 @@ pub async fn authorize_app(
             Role::Party { app, name }
                 if app == gate.app
                     && need != Need::Admin
-                    && gate.routes.party_routes.contains(&route.as_str()) =>
+                    && gate.routes.party_routes.contains(&route) =>
             {
                 Some(Scope::Party(PartyScope {
                     kind: gate.routes.party_kind.unwrap_or("party"),
