@@ -103,7 +103,14 @@ impl StateMachine for TallyState {
                 tag,
             }) => {
                 let balance = self.accounts.get(from.as_str()).map_or(0, |a| a.balance);
-                if balance < i128::from(amount) {
+                if amount <= 0 {
+                    // The route refuses it first; a command that did not pass the route (a damaged
+                    // record whose checksum still matched) must not move money backwards or
+                    // overflow. Found by the fuzz target `app_command`.
+                    Outcome::Rejected {
+                        reason: "a transfer's amount must be greater than 0".into(),
+                    }
+                } else if balance < i128::from(amount) {
                     Outcome::InsufficientFunds { balance }
                 } else {
                     let balance = self.book(&from, -amount, tag, effects);
@@ -202,5 +209,32 @@ impl Projection for TotalsProjection {
             .write()
             .expect("the totals lock is never poisoned") = restored;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::command::{Command, Outcome};
+
+    /// Found by the fuzz target `app_command`: a transfer of `i64::MIN` overflowed when negated (a
+    /// panic in debug builds; in release builds it moved money from the payee to the payer).
+    #[test]
+    fn a_transfer_that_is_not_positive_is_refused_in_apply() {
+        let spec = crate::module().spec;
+        for amount in [0, -5, i64::MIN] {
+            let transfer = Command::Transfer {
+                from: "a".into(),
+                to: "b".into(),
+                amount,
+                tag: 1,
+            };
+            let replies =
+                spate_engine::untrusted::apply_client_commands(&spec, [&transfer.encode()[..]]);
+            let outcome = Outcome::decode(&replies[0]).unwrap();
+            assert!(
+                matches!(&outcome, Outcome::Rejected { reason } if reason.contains("greater than 0")),
+                "{amount}: {outcome:?}"
+            );
+        }
     }
 }
