@@ -5,6 +5,11 @@
 //! of bounded size, and a request body that may not stall for longer than a deadline (a
 //! `Content-Length` larger than what is sent).
 //!
+//! A response to a request whose body was left unread (a refusal before the handler, a handler that
+//! reads no body) says `Connection: close`: hyper then closes the connection rather than wait for the
+//! rest of that body, and the header tells the client not to send its next request on it, where it
+//! would meet the close instead of an answer.
+//!
 //! HTTP/1.1 only, as every client of these APIs speaks it, in the clear or over TLS (`crate::tls`).
 
 use axum::Router;
@@ -22,6 +27,7 @@ use prometheus_client::registry::Registry;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -176,11 +182,25 @@ pub async fn serve(
         // One handle per connection, cloned per request: no counter that every core's requests
         // would share on their path.
         let body_metrics = Arc::new(metrics.clone());
+        // HTTP/1.1 serves a connection's requests one at a time, so one flag per connection is enough.
+        let body_left_unread = Arc::new(AtomicBool::new(false));
+        let body_left_unread_by_handler = body_left_unread.clone();
         let service = router
             .clone()
             .map_request(move |request: Request<Incoming>| {
                 let metrics = body_metrics.clone();
-                request.map(|body| Body::new(PacedBody::new(body, body_read_timeout, metrics)))
+                let unread = body_left_unread_by_handler.clone();
+                request
+                    .map(|body| Body::new(PacedBody::new(body, body_read_timeout, metrics, unread)))
+            })
+            .map_response(move |mut response: axum::response::Response| {
+                if body_left_unread.swap(false, Ordering::Relaxed) {
+                    (response.headers_mut()).insert(
+                        hyper::header::CONNECTION,
+                        hyper::header::HeaderValue::from_static("close"),
+                    );
+                }
+                response
             });
         let service = TowerToHyperService::new(service);
         let (builder, watcher, tls) = (builder.clone(), graceful.watcher(), tls.clone());
@@ -242,15 +262,34 @@ struct PacedBody {
     /// Armed when the handler starts waiting for more of the body; disarmed when some arrives.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     metrics: Arc<ConnectionMetrics>,
+    /// Whether the handler has read the whole body.
+    ended: bool,
+    /// Set when the body is dropped before its end: the connection's next request cannot follow it.
+    left_unread: Arc<AtomicBool>,
 }
 
 impl PacedBody {
-    fn new(inner: Incoming, timeout: Duration, metrics: Arc<ConnectionMetrics>) -> Self {
+    fn new(
+        inner: Incoming,
+        timeout: Duration,
+        metrics: Arc<ConnectionMetrics>,
+        left_unread: Arc<AtomicBool>,
+    ) -> Self {
         Self {
             inner,
             timeout,
             deadline: None,
             metrics,
+            ended: false,
+            left_unread,
+        }
+    }
+}
+
+impl Drop for PacedBody {
+    fn drop(&mut self) {
+        if !self.ended && !hyper::body::Body::is_end_stream(&self.inner) {
+            self.left_unread.store(true, Ordering::Relaxed);
         }
     }
 }
@@ -266,6 +305,7 @@ impl hyper::body::Body for PacedBody {
         let this = &mut *self;
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
             this.deadline = None;
+            this.ended = frame.is_none();
             return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
         }
         let timeout = this.timeout;
