@@ -42,9 +42,34 @@ impl ApiError {
     }
 }
 
+/// The common error shape, as it is sent and documented.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// What went wrong, for a program: `bad_request`, `not_found`, `unauthenticated`, ...
+    pub code: String,
+    /// What went wrong, for a person: names the field, the limit or the state at fault.
+    pub message: String,
+}
+
+/// The error shape of the paths whose spec asks for `{"message": ...}` (ski's).
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct MessageBody {
+    pub message: String,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } });
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                message: self.message,
+            },
+        };
         let mut response = (self.status, axum::Json(body)).into_response();
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             response
@@ -156,7 +181,9 @@ async fn message_only_shape(method: &axum::http::Method, response: Response) -> 
         return answer.unchanged();
     }
     let status = answer.parts.status;
-    let body = serde_json::json!({ "message": answer.message });
+    let body = MessageBody {
+        message: answer.message.clone(),
+    };
     let shaped = (status, axum::Json(body)).into_response();
     answer.reshaped(shaped)
 }
@@ -212,6 +239,17 @@ fn json_rejection(rejection: JsonRejection) -> ApiError {
 
 /// Longest accepted `Idempotency-Key`.
 pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
+
+/// The `Idempotency-Key` header, as the description of an operation that honours it
+/// (`params(IdempotencyKey)`); handlers read it with [`command_id`].
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct IdempotencyKey {
+    /// 1 to 255 bytes. A request repeated with the same key and body gets the first one's answer and
+    /// changes nothing; the same key with another body is refused with 422.
+    #[param(rename = "Idempotency-Key", min_length = 1, max_length = 255)]
+    pub idempotency_key: Option<String>,
+}
 
 /// The command id of a request's `Idempotency-Key` header, scoped to `app` so two apps' keys never meet.
 pub fn command_id(headers: &HeaderMap, app: &str) -> Result<Option<CommandId>, ApiError> {

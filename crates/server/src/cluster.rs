@@ -12,15 +12,16 @@
 //!   own them all.
 //! - `GET /cluster` shows the members and the partitions each applies.
 
-use crate::api::{ApiError, json};
+use crate::api::ApiError;
 use crate::cluster_auth::{ClusterSecret, SIGNATURE_HEADER};
+use crate::openapi::AppRouter;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -333,35 +334,59 @@ pub fn internal_routes(engine: EngineHandle, secret: ClusterSecret) -> Router {
 }
 
 /// `/cluster`: the nodes and the partitions each applies, for operators.
-pub fn status_route(directory: Arc<dyn Directory>) -> Router {
-    Router::new().route(
-        "/cluster",
-        get(move || {
-            let directory = directory.clone();
-            async move { json(StatusCode::OK, &status_json(&directory.status())) }
-        }),
-    )
+/// What `/cluster` answers: the members as this node sees them.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+struct ClusterStatusBody {
+    /// The node answering.
+    node_id: u32,
+    partitions: u16,
+    /// Partitions no member owns right now (being taken over).
+    partitions_unowned: usize,
+    nodes: Vec<NodeStatusBody>,
 }
 
-fn status_json(status: &ClusterStatus) -> serde_json::Value {
-    let nodes: Vec<_> = status
-        .nodes
-        .iter()
-        .map(|node| {
-            serde_json::json!({
-                "node_id": node.node_id,
-                "address": node.address,
-                "partitions": node.partitions,
-            })
-        })
-        .collect();
+#[derive(serde::Serialize, utoipa::ToSchema)]
+struct NodeStatusBody {
+    node_id: u32,
+    /// Where the node serves HTTP.
+    address: String,
+    /// The partitions the node owns.
+    partitions: Vec<u16>,
+}
+
+/// The cluster's members and who owns which partition.
+#[utoipa::path(
+    get,
+    path = "/cluster",
+    tag = "server",
+    responses((status = 200, description = "The members as this node sees them.", body = ClusterStatusBody)),
+)]
+async fn cluster_status(
+    State(directory): State<Arc<dyn Directory>>,
+) -> axum::Json<ClusterStatusBody> {
+    axum::Json(status_body(directory.status()))
+}
+
+pub fn status_route(directory: Arc<dyn Directory>) -> AppRouter {
+    utoipa_axum::router::OpenApiRouter::new()
+        .routes(utoipa_axum::routes!(cluster_status))
+        .with_state(directory)
+}
+
+fn status_body(status: ClusterStatus) -> ClusterStatusBody {
     let owned: usize = status.nodes.iter().map(|n| n.partitions.len()).sum();
-    serde_json::json!({
-        "node_id": status.node_id,
-        "partitions": status.partitions,
-        "partitions_unowned": usize::from(status.partitions).saturating_sub(owned),
-        "nodes": nodes,
-    })
+    ClusterStatusBody {
+        node_id: status.node_id,
+        partitions: status.partitions,
+        partitions_unowned: usize::from(status.partitions).saturating_sub(owned),
+        nodes: (status.nodes.into_iter())
+            .map(|node| NodeStatusBody {
+                node_id: node.node_id,
+                address: node.address,
+                partitions: node.partitions,
+            })
+            .collect(),
+    }
 }
 
 fn checked_partition(engine: &EngineHandle, partition: u32) -> Result<PartitionId, ApiError> {

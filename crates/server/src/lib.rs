@@ -7,6 +7,7 @@ mod cluster;
 pub mod cluster_auth;
 pub mod connections;
 mod observe;
+pub mod openapi;
 pub mod tls;
 
 use axum::Router;
@@ -25,7 +26,7 @@ pub const REQUEST_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Builds an app's routes once the engine runs; it may register metrics and start listeners of its own
 /// (it runs inside the async runtime). An error stops the server before it accepts anything.
 pub type RoutesBuilder =
-    Box<dyn FnOnce(EngineHandle, &mut Registry) -> Result<Router, String> + Send>;
+    Box<dyn FnOnce(EngineHandle, &mut Registry) -> Result<openapi::AppRouter, String> + Send>;
 
 /// How an app plugs in: its engine spec and, once the engine runs, its routes.
 pub struct AppModule {
@@ -120,9 +121,12 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     let http_metrics = observe::HttpMetrics::register(&mut registry);
     let connection_metrics = connections::ConnectionMetrics::register(&mut registry);
     let mut app_routes = Router::new();
+    let mut descriptions = Vec::new();
     for (build, gate) in route_builders.into_iter().zip(gates) {
         match build(handle.clone(), &mut registry) {
             Ok(routes) => {
+                let (routes, description) = routes.split_for_parts();
+                descriptions.push(description);
                 let routes = match gate {
                     // Every route of the app, whatever it added, is behind its gate.
                     Some(gate) => routes.route_layer(axum::middleware::from_fn_with_state(
@@ -139,9 +143,18 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
             }
         }
     }
-    let mut router =
-        observe::routes(handle.clone(), Arc::new(registry), access.clone()).merge(app_routes);
+    let auth = access.is_some();
+    let (own_routes, own_description) =
+        observe::routes(handle.clone(), Arc::new(registry), access.clone()).split_for_parts();
+    descriptions.push(own_description);
+    let mut router = own_routes.merge(app_routes);
     if let Some((setup, remote)) = &cluster {
+        let (status_route, status_description) = observe::for_observers(
+            cluster::status_route(setup.directory.clone()),
+            access.clone(),
+        )
+        .split_for_parts();
+        descriptions.push(status_description);
         router = router
             .layer(axum::middleware::from_fn_with_state(
                 remote.clone(),
@@ -151,11 +164,10 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
                 handle.clone(),
                 setup.secret.clone(),
             ))
-            .merge(observe::for_observers(
-                cluster::status_route(setup.directory.clone()),
-                access.clone(),
-            ));
+            .merge(status_route);
     }
+    let description = openapi::document(descriptions, &message_only_error_paths, auth);
+    router = router.merge(openapi::route(&description));
     let router = router
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(axum::middleware::from_fn_with_state(

@@ -1,11 +1,10 @@
 //! `/health`, `/metrics` and per-route request metrics.
 
-use axum::Router;
+use crate::openapi::AppRouter;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -14,6 +13,8 @@ use prometheus_client::registry::Registry;
 use spate_engine::EngineHandle;
 use std::sync::Arc;
 use std::time::Instant;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabel {
@@ -105,62 +106,103 @@ fn method_label(method: &axum::http::Method) -> &'static str {
         .map_or("other", |(_, label)| label)
 }
 
+/// What `/health` answers.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+struct HealthBody {
+    /// `ok`; `read_only` when the disk is under its reserve (writes refused, reads served); `damaged`
+    /// when the scrub found a store damaged; `failing` when a partition stopped.
+    status: &'static str,
+    partitions: u16,
+    failed_partitions: Vec<u16>,
+    /// Requests waiting in each partition's queue.
+    queue_depth: Vec<usize>,
+    disk: DiskBody,
+    damaged_stores: Vec<DamagedStoreBody>,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+struct DiskBody {
+    free_bytes: u64,
+    reserve_bytes: u64,
+    writes_refused: bool,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+struct DamagedStoreBody {
+    store: String,
+    keyspace: String,
+    error: String,
+}
+
+/// Whether the server serves: 200 while every partition runs and no store is damaged, else 503 with
+/// the same body saying why.
+#[utoipa::path(
+    get,
+    path = "/health",
+    tag = "server",
+    responses(
+        (status = 200, description = "Serving.", body = HealthBody),
+        (status = 503, description = "A partition stopped or a store is damaged.", body = HealthBody),
+    ),
+)]
+async fn health(State(engine): State<EngineHandle>) -> (StatusCode, axum::Json<HealthBody>) {
+    let health = engine.health();
+    let damaged = !health.damaged_stores.is_empty();
+    let healthy = health.failed_partitions.is_empty() && !damaged;
+    // A disk under its reserve refuses writes but serves reads: still up, and says so.
+    // A damaged store serves what it can, but needs an operator: not healthy.
+    let status = match (health.failed_partitions.is_empty(), damaged) {
+        (false, _) => "failing",
+        (true, true) => "damaged",
+        (true, false) if health.disk.writes_refused => "read_only",
+        (true, false) => "ok",
+    };
+    let body = HealthBody {
+        status,
+        partitions: health.partitions,
+        failed_partitions: health.failed_partitions,
+        queue_depth: health.queue_depth,
+        disk: DiskBody {
+            free_bytes: health.disk.free_bytes,
+            reserve_bytes: health.disk.reserve_bytes,
+            writes_refused: health.disk.writes_refused,
+        },
+        damaged_stores: (health.damaged_stores.into_iter())
+            .map(|damage| DamagedStoreBody {
+                store: damage.store,
+                keyspace: damage.keyspace,
+                error: damage.error,
+            })
+            .collect(),
+    };
+    let status = if healthy {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(body))
+}
+
 /// `/health`, open to all (load balancers probe it), and `/metrics`, behind `access` when there is one.
 pub fn routes(
     engine: EngineHandle,
     registry: Arc<Registry>,
     access: Option<crate::access::Access>,
-) -> Router {
-    let metrics = for_observers(metrics_route(registry), access);
-    Router::new()
-        .route(
-            "/health",
-            get(move || async move {
-                let health = engine.health();
-                let damaged = !health.damaged_stores.is_empty();
-                let healthy = health.failed_partitions.is_empty() && !damaged;
-                // A disk under its reserve refuses writes but serves reads: still up, and says so.
-                // A damaged store serves what it can, but needs an operator: not healthy.
-                let status = match (health.failed_partitions.is_empty(), damaged) {
-                    (false, _) => "failing",
-                    (true, true) => "damaged",
-                    (true, false) if health.disk.writes_refused => "read_only",
-                    (true, false) => "ok",
-                };
-                let damaged_stores: Vec<_> = (health.damaged_stores.iter())
-                    .map(|damage| {
-                        serde_json::json!({
-                            "store": damage.store,
-                            "keyspace": damage.keyspace,
-                            "error": damage.error,
-                        })
-                    })
-                    .collect();
-                let body = serde_json::json!({
-                    "status": status,
-                    "partitions": health.partitions,
-                    "failed_partitions": health.failed_partitions,
-                    "queue_depth": health.queue_depth,
-                    "disk": {
-                        "free_bytes": health.disk.free_bytes,
-                        "reserve_bytes": health.disk.reserve_bytes,
-                        "writes_refused": health.disk.writes_refused,
-                    },
-                    "damaged_stores": damaged_stores,
-                });
-                let status = if healthy {
-                    StatusCode::OK
-                } else {
-                    StatusCode::SERVICE_UNAVAILABLE
-                };
-                (status, axum::Json(body))
-            }),
-        )
+) -> AppRouter {
+    let metrics = for_observers(
+        OpenApiRouter::new()
+            .routes(routes!(metrics))
+            .with_state(registry),
+        access,
+    );
+    OpenApiRouter::new()
+        .routes(routes!(health))
+        .with_state(engine)
         .merge(metrics)
 }
 
 /// `routes` behind `access`, for keys that may observe the server (see `access::authorize_observer`).
-pub fn for_observers(routes: Router, access: Option<crate::access::Access>) -> Router {
+pub fn for_observers(routes: AppRouter, access: Option<crate::access::Access>) -> AppRouter {
     match access {
         Some(access) => routes.route_layer(axum::middleware::from_fn_with_state(
             access,
@@ -170,22 +212,24 @@ pub fn for_observers(routes: Router, access: Option<crate::access::Access>) -> R
     }
 }
 
-fn metrics_route(registry: Arc<Registry>) -> Router {
-    Router::new().route(
-        "/metrics",
-        get(move || async move {
-            let mut text = String::new();
-            match prometheus_client::encoding::text::encode(&mut text, &registry) {
-                Ok(()) => (
-                    [(
-                        header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    text,
-                )
-                    .into_response(),
-                Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-            }
-        }),
-    )
+/// Every metric, in Prometheus' text format.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "server",
+    responses((status = 200, description = "Every metric (Prometheus text format 0.0.4).", content_type = "text/plain", body = String)),
+)]
+async fn metrics(State(registry): State<Arc<Registry>>) -> Response {
+    let mut text = String::new();
+    match prometheus_client::encoding::text::encode(&mut text, &registry) {
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
 }

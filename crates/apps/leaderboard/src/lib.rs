@@ -39,7 +39,7 @@ pub fn module() -> AppModule {
     };
     AppModule {
         spec,
-        routes: Box::new(|engine, _| Ok(http::routes(engine))),
+        routes: Box::new(|engine, _| Ok(http::routes(engine).into())),
         access: spate_server::access::RouteAccess::default(),
         message_only_error_paths: &[],
     }
