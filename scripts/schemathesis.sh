@@ -5,6 +5,8 @@
 # may hang, what the description calls invalid must be refused, and unknown methods must get 405.
 # Not checked: that every request the schema allows is accepted (rules such as "from and to must
 # differ" are not in a JSON schema).
+# One worker: with two, hypothesis on this machine's CPython 3.11 crashed in 2 of 3 runs of the ledger
+# ("AST constructor recursion depth mismatch"), never with one.
 # Usage: scripts/schemathesis.sh BASE_URL [schemathesis run options...]
 #   e.g. scripts/schemathesis.sh http://127.0.0.1:8080 --include-tag ledger --max-examples 200
 set -euo pipefail
@@ -22,5 +24,5 @@ trap 'rm -rf "$report"' EXIT
 cd "$report"
 "$venv/bin/schemathesis" run "$base/openapi.json" \
 	--checks all --exclude-checks positive_data_acceptance \
-	--request-timeout 10 --workers 2 --no-color \
+	--request-timeout 10 --workers 1 --no-color \
 	"$@"

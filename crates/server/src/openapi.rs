@@ -64,6 +64,7 @@ pub fn document(
         .components(Some(components.build()))
         .build();
     for part in parts {
+        assert_no_schema_named_twice(&document, &part);
         document.merge(part);
     }
     document.merge(own_route().into_openapi());
@@ -83,6 +84,23 @@ pub fn document(
         }
     }
     document
+}
+
+/// Two different schemas of one name would be merged silently into the first (two apps each with an
+/// `EntryAnswer`, say), describing one app's answers with the other's: each app names its own apart
+/// (`ledger.EntryAnswer`). The same type reached from two apps (the error shape) is one schema.
+fn assert_no_schema_named_twice(document: &OpenApi, part: &OpenApi) {
+    let (Some(have), Some(adding)) = (&document.components, &part.components) else {
+        return;
+    };
+    for (name, schema) in &adding.schemas {
+        if let Some(existing) = have.schemas.get(name) {
+            assert!(
+                existing == schema,
+                "two different schemas are named {name:?} in the API description"
+            );
+        }
+    }
 }
 
 /// Adds to `operation` each error the server may answer on any route that it does not describe

@@ -10,37 +10,7 @@ use std::process::Command;
 use support::endpoints::Need::{self, Admin, Read, Write};
 use support::endpoints::{APPS, ENDPOINTS};
 use support::ledger::{fulfil_body, prepare_body, transfer_id};
-use support::{Server, agent};
-
-/// Makes a key with `roles` in the key file through `spate auth new-key`, and returns it.
-fn new_key(file: &Path, name: &str, roles: &[&str]) -> String {
-    new_key_with(file, name, roles, &[])
-}
-
-/// As [`new_key`], with more options of `spate auth new-key`.
-fn new_key_with(file: &Path, name: &str, roles: &[&str], options: &[&str]) -> String {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_spate"));
-    command
-        .args(["auth", "new-key", "--name", name, "--file"])
-        .arg(file)
-        .args(options);
-    for role in roles {
-        command.args(["--role", role]);
-    }
-    let output = command.output().unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let key = String::from_utf8(output.stdout).unwrap().trim().to_string();
-    assert!(key.starts_with("spate_"), "{key}");
-    assert!(
-        !std::fs::read_to_string(file).unwrap().contains(&key),
-        "only the key's hash is kept"
-    );
-    key
-}
+use support::{Server, agent, new_key, new_key_with};
 
 /// Sends `method path` with `key` and a JSON `body`; the status, the headers' `WWW-Authenticate` and
 /// the JSON answer.

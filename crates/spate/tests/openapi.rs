@@ -2,7 +2,7 @@
 //! and schemathesis (`scripts/schemathesis.sh`, installed in a virtual environment on first use) finds
 //! no fault in any app through it: no 5xx, no hang, every answer as described (status, content type,
 //! body schema, so every error in its path's shape), invalid requests refused, unknown methods 405.
-//! `SPATE_SCHEMATHESIS_EXAMPLES` sets the examples per operation (default 25); the longer run and its
+//! `SPATE_SCHEMATHESIS_EXAMPLES` sets the examples per operation (default 25, and 5 behind keys); the longer run and its
 //! figures are in `docs/openapi.md`.
 
 mod support;
@@ -10,7 +10,7 @@ mod support;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use support::endpoints::{APPS, ENDPOINTS};
-use support::{Server, agent, get};
+use support::{Server, agent, get, new_key};
 
 /// The server's own routes, described under the tag `server`.
 const SERVER_ROUTES: [(&str, &str); 3] = [
@@ -106,8 +106,29 @@ fn schemathesis(base: &str, tag: &str, extra: &[&str]) -> bool {
 fn schemathesis_finds_no_fault_in_any_app() {
     let dir = tempfile::tempdir().unwrap();
     let server = start_every_app(dir.path(), &[]);
+    let examples = examples(25);
     let failed: Vec<_> = (APPS.iter().chain(&["server"]))
-        .filter(|tag| !schemathesis(&server.base, tag, &[]))
+        .filter(|tag| !schemathesis(&server.base, tag, &examples, &[]))
+        .collect();
+    assert!(failed.is_empty(), "schemathesis found faults in {failed:?}");
+}
+
+/// Under `--auth` the description says which key each operation needs, and schemathesis checks that
+/// the server refuses requests without it (its `ignored_auth` check) and that every refusal is as
+/// described. A few examples per operation: the answers past the gate are the run above's.
+#[test]
+fn schemathesis_finds_no_fault_behind_api_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.toml");
+    let admin = new_key(&keys, "ops", &["admin"]);
+    let server = start_every_app(dir.path(), &["--auth", keys.to_str().unwrap()]);
+    let (_, document) = get(&agent(), &format!("{}/openapi.json", server.base));
+    let scheme = &document["components"]["securitySchemes"]["api_key"];
+    assert_eq!(scheme["scheme"], "bearer", "{scheme}");
+    let header = format!("Authorization: Bearer {admin}");
+    let examples = examples(5);
+    let failed: Vec<_> = (APPS.iter().chain(&["server"]))
+        .filter(|tag| !schemathesis(&server.base, tag, &examples, &["--header", &header]))
         .collect();
     assert!(failed.is_empty(), "schemathesis found faults in {failed:?}");
 }

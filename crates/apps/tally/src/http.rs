@@ -29,6 +29,7 @@ const PAGE_ENTRIES_MAX: usize = 10_000;
 const TAG: &str = "tally";
 
 #[derive(Deserialize, ToSchema)]
+#[schema(as = tally::EntryBody)]
 #[serde(deny_unknown_fields)]
 struct EntryBody {
     /// Added to the balance; negative to take away.
@@ -38,6 +39,7 @@ struct EntryBody {
 }
 
 #[derive(Deserialize, ToSchema)]
+#[schema(as = tally::TransferBody)]
 #[serde(deny_unknown_fields)]
 struct TransferBody {
     /// The payer's account.
@@ -53,17 +55,20 @@ struct TransferBody {
 
 /// A balance after a write, in decimal (it may exceed 64 bits).
 #[derive(Serialize, ToSchema)]
+#[schema(as = tally::BalanceAnswer)]
 struct BalanceAnswer {
     balance: String,
 }
 
 #[derive(Serialize, ToSchema)]
+#[schema(as = tally::EntryAnswer)]
 struct EntryAnswer {
     tag: u64,
     amount: i64,
 }
 
 #[derive(Serialize, ToSchema)]
+#[schema(as = tally::AccountAnswer)]
 struct AccountAnswer {
     account: String,
     /// In decimal (it may exceed 64 bits).
@@ -74,6 +79,7 @@ struct AccountAnswer {
 }
 
 #[derive(Serialize, ToSchema)]
+#[schema(as = tally::TotalsAnswer)]
 struct TotalsAnswer {
     entries: u64,
     /// The sum of every balance, in decimal; 0 while no transfer is half done.

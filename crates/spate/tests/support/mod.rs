@@ -482,3 +482,33 @@ pub fn refused_start_up(
         String::from_utf8_lossy(&output.stderr).into(),
     )
 }
+
+/// Makes a key with `roles` in the key file through `spate auth new-key`, and returns it.
+pub fn new_key(file: &Path, name: &str, roles: &[&str]) -> String {
+    new_key_with(file, name, roles, &[])
+}
+
+/// As [`new_key`], with more options of `spate auth new-key`.
+pub fn new_key_with(file: &Path, name: &str, roles: &[&str], options: &[&str]) -> String {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_spate"));
+    command
+        .args(["auth", "new-key", "--name", name, "--file"])
+        .arg(file)
+        .args(options);
+    for role in roles {
+        command.args(["--role", role]);
+    }
+    let output = command.output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let key = String::from_utf8(output.stdout).unwrap().trim().to_string();
+    assert!(key.starts_with("spate_"), "{key}");
+    assert!(
+        !std::fs::read_to_string(file).unwrap().contains(&key),
+        "only the key's hash is kept"
+    );
+    key
+}
