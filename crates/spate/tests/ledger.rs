@@ -288,6 +288,12 @@ fn two_phases_rejects_expiry_and_every_error_code() {
         ),
         ("condition", json!("short"), "32 bytes"),
         ("expiration", json!("tomorrow"), "RFC 3339"),
+        // In UTC it is in the year 10000, which an answer could not write back.
+        (
+            "expiration",
+            json!("9999-12-31T23:59:59-01:00"),
+            "after 9999",
+        ),
         ("payerFsp", json!("a b"), "payerFsp must be"),
     ];
     for (n, (field, value, words)) in bad_prepares.into_iter().enumerate() {

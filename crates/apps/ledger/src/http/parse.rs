@@ -184,6 +184,12 @@ pub(super) fn parse_time_ms(field: &str, text: &str) -> Result<u64, ApiError> {
                 "{field} {text:?} is not an RFC 3339 date-time: {e}"
             ))
         })?;
+    // Times are answered in UTC, and an offset can carry one past the last UTC can write.
+    if parsed.checked_to_utc().is_none() {
+        return Err(validation(format!(
+            "{field} {text:?} is after 9999-12-31T23:59:59Z"
+        )));
+    }
     u64::try_from(parsed.unix_timestamp_nanos() / 1_000_000)
         .map_err(|_| validation(format!("{field} is before 1970")))
 }
