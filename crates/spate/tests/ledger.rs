@@ -310,6 +310,17 @@ fn two_phases_rejects_expiry_and_every_error_code() {
         "3100",
         "COMMITTED or ABORTED",
     );
+    assert_error(
+        put(
+            &agent,
+            &url,
+            "dfsp2",
+            &json!({"transferState": "ABORTED", "fulfilment": "short"}),
+        ),
+        400,
+        "3100",
+        "fulfilment must be 32 bytes",
+    );
 
     // FSPIOP's own content type is accepted.
     let mut response = agent

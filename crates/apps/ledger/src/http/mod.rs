@@ -756,18 +756,17 @@ async fn complete(
     if let Some(at) = &body.completed_timestamp {
         parse_time_ms("completedTimestamp", at)?;
     }
+    // Checked whatever the state, as FSPIOP's schema checks it.
+    let fulfilment = (body.fulfilment.as_deref())
+        .map(|fulfilment| parse_32_bytes("fulfilment", fulfilment))
+        .transpose()?;
     let command = match body.transfer_state.as_str() {
-        "COMMITTED" => {
-            let fulfilment = body
-                .fulfilment
-                .as_deref()
-                .ok_or_else(|| validation("a COMMITTED completion needs its fulfilment"))?;
-            Command::Fulfil {
-                id,
-                source,
-                fulfilment: parse_32_bytes("fulfilment", fulfilment)?,
-            }
-        }
+        "COMMITTED" => Command::Fulfil {
+            id,
+            source,
+            fulfilment: fulfilment
+                .ok_or_else(|| validation("a COMMITTED completion needs its fulfilment"))?,
+        },
         "ABORTED" => Command::Reject { id, source },
         other => {
             return Err(validation(format!(
