@@ -288,6 +288,12 @@ fn two_phases_rejects_expiry_and_every_error_code() {
         ),
         ("condition", json!("short"), "32 bytes"),
         ("expiration", json!("tomorrow"), "RFC 3339"),
+        // In UTC it is in the year 10000, which an answer could not write back.
+        (
+            "expiration",
+            json!("9999-12-31T23:59:59-01:00"),
+            "after 9999",
+        ),
         ("payerFsp", json!("a b"), "payerFsp must be"),
     ];
     for (n, (field, value, words)) in bad_prepares.into_iter().enumerate() {
@@ -303,6 +309,17 @@ fn two_phases_rejects_expiry_and_every_error_code() {
         400,
         "3100",
         "COMMITTED or ABORTED",
+    );
+    assert_error(
+        put(
+            &agent,
+            &url,
+            "dfsp2",
+            &json!({"transferState": "ABORTED", "fulfilment": "short"}),
+        ),
+        400,
+        "3100",
+        "fulfilment must be 32 bytes",
     );
 
     // FSPIOP's own content type is accepted.

@@ -19,6 +19,18 @@ pub fn valid_currency(currency: &str) -> bool {
 
 /// Most integer digits FSPIOP allows in an amount.
 const INTEGER_DIGITS_MAX: usize = 18;
+/// Most digits FSPIOP allows after the decimal point.
+const FRACTION_DIGITS_MAX: usize = 4;
+
+/// What [`parse`] accepts in a currency with 4 decimals, as a regular expression: the API description
+/// says it.
+pub fn pattern() -> String {
+    format!(
+        "^(0|[1-9][0-9]{{0,{}}})([.][0-9]{{0,{}}}[1-9])?$",
+        INTEGER_DIGITS_MAX - 1,
+        FRACTION_DIGITS_MAX - 1
+    )
+}
 
 /// Parses FSPIOP's `Amount` (`0` or digits without a leading zero, optionally `.` and at most 4 digits
 /// not ending in 0) in `currency`'s minor units. More decimals than the currency has is an error, not a
@@ -30,7 +42,7 @@ pub fn parse(text: &str, currency: &str) -> Result<Amount, String> {
         && integer.len() <= INTEGER_DIGITS_MAX
         && (integer == "0" || !integer.starts_with('0'));
     let fraction_ok = !text.contains('.')
-        || (digits(fraction) && fraction.len() <= 4 && !fraction.ends_with('0'));
+        || (digits(fraction) && fraction.len() <= FRACTION_DIGITS_MAX && !fraction.ends_with('0'));
     if !integer_ok || !fraction_ok {
         return Err(format!(
             "amount {text:?} is not a decimal such as \"100\" or \"12.5\" (at most 18 digits, 4 decimals)"

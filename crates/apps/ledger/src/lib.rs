@@ -54,7 +54,7 @@ pub fn module(open_transfers_max: u64) -> AppModule {
     AppModule {
         spec,
         routes: Box::new(move |engine, _| {
-            Ok(http::routes(engine, model, waiters, open_transfers_max).into())
+            Ok(http::routes(engine, model, waiters, open_transfers_max))
         }),
         access: ROUTE_ACCESS,
         message_only_error_paths: &[],

@@ -32,7 +32,7 @@ pub struct LedgerModel {
 }
 
 /// FSPIOP's state names, in the order of [`state_index`].
-const STATE_NAMES: [&str; 4] = ["RECEIVED", "RESERVED", "COMMITTED", "ABORTED"];
+pub const STATE_NAMES: [&str; 4] = ["RECEIVED", "RESERVED", "COMMITTED", "ABORTED"];
 
 fn state_index(state: TransferState) -> usize {
     match state {

@@ -5,8 +5,8 @@ use super::parse::{
     transfer_spec, validation,
 };
 use super::{
-    Ctx, Ledger, RESERVATION_WAIT, TransferBody, Waiting, failed_operation, prepare_command,
-    reservation_refusal, transfer_body, unexpected,
+    BatchResult, Ctx, Ledger, RESERVATION_WAIT, TAG, Waiting, failed_operation, prepare_command,
+    reservation_refusal, transfer_outcome, unexpected,
 };
 use crate::APP_ID;
 use crate::domain::{Command, Owner, Refusal, Reply, TransferId, TransferState};
@@ -19,7 +19,8 @@ use serde::{Deserialize, Serialize};
 use spate_engine::{PartitionId, Pending, Refused};
 use spate_server::ApiError;
 use spate_server::access::Scope;
-use spate_server::api::{json, reply_bytes};
+use spate_server::api::{ErrorBody, json, reply_bytes};
+use utoipa::ToSchema;
 
 /// Most operations in one batch request.
 pub const BATCH_OPERATIONS_MAX: usize = 10_000;
@@ -43,10 +44,17 @@ enum BatchOperation {
     Reject(BatchCompletion),
 }
 
-#[derive(Deserialize)]
+/// Prepares, fulfils and rejects, applied in order per transfer.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = ledger::Batch)]
 struct Batch {
-    /// Kept raw, so each operation is parsed once and a bad one fails alone.
+    /// 1 to 10,000 operations, each `{"prepare": <a body of POST /transfers>}`,
+    /// `{"fulfil": {"transferId", "source", "fulfilment"}}` or `{"reject": {"transferId", "source"}}`,
+    /// where `source` names the payee as `FSPIOP-Source` does for a single request. An operation that
+    /// is none of these fails alone, in its result.
+    // Kept raw, so each operation is parsed once and a bad one fails alone.
+    #[schema(value_type = Vec<Value>, min_items = 1, max_items = 10_000)]
     operations: Vec<Box<serde_json::value::RawValue>>,
 }
 
@@ -98,16 +106,18 @@ fn batch_command(
     })
 }
 
-fn batch_result(id: TransferId, outcome: Result<TransferState, Refusal>) -> TransferBody {
+fn batch_result(id: TransferId, outcome: Result<TransferState, Refusal>) -> BatchResult {
     match outcome.and_then(|state| reservation_refusal(state).map_or(Ok(state), Err)) {
-        Ok(state) => transfer_body(id, state),
+        Ok(state) => BatchResult::Done(transfer_outcome(id, state)),
         Err(refusal) => failed_operation(Some(id), refusal_error(refusal)),
     }
 }
 
-#[derive(Serialize)]
+/// One result per operation, in the order of the operations.
+#[derive(Serialize, ToSchema)]
+#[schema(as = ledger::BatchResults)]
 struct BatchResults {
-    results: Vec<TransferBody>,
+    results: Vec<BatchResult>,
 }
 
 /// The operations of a batch that one partition owns, kept together so they travel as one command.
@@ -139,7 +149,7 @@ async fn run_heavy<T: Send + 'static>(heavy: bool, work: impl FnOnce() -> T + Se
 /// A batch parsed and split by partition, before anything is queued.
 struct BatchPlan {
     /// One per operation; those that failed before reaching a partition are already filled in.
-    results: Vec<Option<TransferBody>>,
+    results: Vec<Option<BatchResult>>,
     /// (position in the batch, transfer id) of each prepare queued.
     prepared: Vec<(usize, TransferId)>,
     shares: Vec<PartitionShare>,
@@ -152,7 +162,7 @@ fn plan_batch(ledger: &Ledger, body: &Bytes, scope: &Scope) -> Result<BatchPlan,
             "a batch holds 1 to {BATCH_OPERATIONS_MAX} operations"
         )));
     }
-    let mut results: Vec<Option<TransferBody>> = (0..operations.len()).map(|_| None).collect();
+    let mut results: Vec<Option<BatchResult>> = (0..operations.len()).map(|_| None).collect();
     // Parsed before the model is locked: the projection waits for that lock.
     let parsed: Vec<_> = operations
         .iter()
@@ -209,10 +219,24 @@ fn plan_batch(ledger: &Ledger, body: &Bytes, scope: &Scope) -> Result<BatchPlan,
     })
 }
 
-/// `POST /transfers/batch`: many prepares, fulfils and rejects in one request, each applied as the
-/// single request would be, in order per transfer; one result per operation, in order. The operations
-/// each partition owns go to it as one command, so a batch costs a few journal records, not one per
-/// operation. The answer comes once every prepare's reservation is settled.
+/// Many prepares, fulfils and rejects in one request, each applied as its single request would be,
+/// in order per transfer; one result per operation, in order.
+///
+/// The answer comes once every prepare's reservation is settled, or after 10 seconds (those still
+/// unsettled are RECEIVED). A result is a transfer's state, as the single request answers it, or the
+/// error that request would have been answered, in FSPIOP's code.
+// The operations each partition owns go to it as one command, so a batch costs a few journal
+// records, not one per operation.
+#[utoipa::path(
+    post,
+    path = "/transfers/batch",
+    tag = TAG,
+    request_body = Batch,
+    responses(
+        (status = 200, description = "One result per operation.", body = BatchResults),
+        (status = 400, description = "`3100`: the body is not a batch of 1 to 10,000 operations.", body = ErrorBody),
+    ),
+)]
 pub(super) async fn batch(
     State(ledger): Ctx,
     scope: Scope,
@@ -273,7 +297,7 @@ pub(super) async fn batch(
             results[slot] = Some(batch_result(id, outcome));
         }
     }
-    let results: Vec<TransferBody> = results
+    let results: Vec<BatchResult> = results
         .into_iter()
         .map(|result| result.expect("every operation has a result"))
         .collect();

@@ -16,31 +16,33 @@ use crate::domain::{
     AbortReason, Amount, Command, Entry, ErrorCode, Name, Refusal, Reply, Transfer, TransferId,
     TransferSpec, TransferState,
 };
-use crate::model::{LedgerModel, Waiters};
+use crate::model::{LedgerModel, STATE_NAMES, Waiters};
 use crate::state::{
     LedgerState, decode, decode_archived, encode, entries_archive_key, owner_key,
     transfer_archive_key,
 };
 use crate::{APP_ID, domain::Owner};
-use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use axum::routing::{get, post, put};
 use parse::{
-    Prepare, check_currency, check_name, format_time_ms, format_transfer_id, parse_32_bytes,
-    parse_body, parse_time_ms, parse_transfer_id, refusal_error, transfer_spec, validation,
+    Base64Url32, CorrelationId, Currency, Decimal, FspName, Money, Prepare, check_currency,
+    check_name, format_time_ms, format_transfer_id, parse_32_bytes, parse_body, parse_time_ms,
+    parse_transfer_id, refusal_error, transfer_spec, validation,
 };
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 use spate_engine::EngineHandle;
 use spate_server::ApiError;
 use spate_server::access::{RouteAccess, Scope};
-use spate_server::api::{json, reply_bytes};
-use std::collections::HashMap;
+use spate_server::api::{ErrorBody, ErrorDetail, json, reply_bytes};
+use spate_server::openapi::AppRouter;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
+use utoipa::openapi::{Object, ObjectBuilder, Type};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::routes;
 
 /// How long a prepare waits for its reservation before answering RECEIVED.
 const RESERVATION_WAIT: Duration = Duration::from_secs(10);
@@ -48,6 +50,8 @@ const RESERVATION_WAIT: Duration = Duration::from_secs(10);
 const ENTRIES_PAGE_MAX: usize = 1_000;
 /// How often every partition is told the time, so due transfers expire without other traffic.
 const TICK_INTERVAL: Duration = Duration::from_secs(1);
+/// The tag for the ledger's routes in the API description.
+const TAG: &str = "ledger";
 
 struct Ledger {
     engine: EngineHandle,
@@ -122,64 +126,125 @@ fn no_participant(name: &str) -> ApiError {
     })
 }
 
-/// A transfer's id and state as FSPIOP shows them, or what went wrong with an operation on it: the body
-/// of a single transfer request and one result of a batch. Written straight into the response, since a
-/// batch has thousands.
-#[derive(Serialize)]
+/// FSPIOP's `transferState` in the API description: one of [`STATE_NAMES`].
+fn transfer_state_schema() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(STATE_NAMES))
+        .description(Some(
+            "RECEIVED: prepared, the payer's reservation on its way; RESERVED: waiting for the \
+             payee's fulfilment; COMMITTED; ABORTED: rejected by the payee, refused or expired.",
+        ))
+        .build()
+}
+
+/// A transfer's id and state as FSPIOP shows them: the answer to a single transfer request and one
+/// result of a batch.
+// Written straight into the response, since a batch has thousands.
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct TransferBody {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    transfer_id: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    transfer_state: Option<&'static str>,
-    /// Why an ABORTED transfer was aborted, when it was not the payee's decision.
+#[schema(as = ledger::TransferOutcome)]
+struct TransferOutcome {
+    #[schema(value_type = CorrelationId)]
+    transfer_id: String,
+    #[schema(schema_with = transfer_state_schema)]
+    transfer_state: &'static str,
+    /// Why an ABORTED transfer was aborted, when it was not the payee's decision: FSPIOP's error code,
+    /// such as "4001" (over the payer's net debit cap) or "3303" (expired).
     #[serde(skip_serializing_if = "Option::is_none")]
     error_code: Option<String>,
+}
+
+/// An operation of a batch that failed, and why.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = ledger::FailedOperation)]
+struct FailedOperation {
+    /// The transfer's id, when the operation names a valid one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<OperationError>,
+    #[schema(value_type = Option<CorrelationId>)]
+    transfer_id: Option<String>,
+    /// `code` is FSPIOP's error code, as in the error answers of the single requests.
+    error: ErrorDetail,
 }
 
-#[derive(Serialize)]
-struct OperationError {
-    code: String,
-    message: String,
+/// One result of a batch, in the place of its operation.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+#[schema(as = ledger::BatchResult)]
+enum BatchResult {
+    Done(TransferOutcome),
+    Failed(FailedOperation),
 }
 
-fn transfer_body(id: TransferId, state: TransferState) -> TransferBody {
+fn transfer_outcome(id: TransferId, state: TransferState) -> TransferOutcome {
     let error_code = match state {
         TransferState::Aborted(AbortReason::Refused(code)) => Some(code.code().to_string()),
         TransferState::Aborted(AbortReason::Expired) => Some(ErrorCode::Expired.code().to_string()),
         _ => None,
     };
-    TransferBody {
-        transfer_id: Some(format_transfer_id(id)),
-        transfer_state: Some(state.name()),
+    TransferOutcome {
+        transfer_id: format_transfer_id(id),
+        transfer_state: state.name(),
         error_code,
-        error: None,
     }
 }
 
 /// An operation of a batch that failed: with its transfer's id when it has one.
-fn failed_operation(id: Option<TransferId>, error: ApiError) -> TransferBody {
-    TransferBody {
+fn failed_operation(id: Option<TransferId>, error: ApiError) -> BatchResult {
+    BatchResult::Failed(FailedOperation {
         transfer_id: id.map(format_transfer_id),
-        transfer_state: None,
-        error_code: None,
-        error: Some(OperationError {
+        error: ErrorDetail {
             code: error.code,
             message: error.message,
-        }),
-    }
+        },
+    })
 }
 
-#[derive(Deserialize)]
+/// A new participant.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = ledger::NewParticipant)]
 struct NewParticipant {
+    #[schema(value_type = FspName)]
     name: String,
+    /// The one currency of its transfers.
+    #[schema(value_type = Currency)]
     currency: String,
+    /// Its net debit cap: how far its position plus reservations may go as a payer.
+    #[schema(value_type = Decimal)]
     ndc: String,
 }
 
+/// A participant's account: amounts are decimals in its currency.
+#[derive(Serialize, ToSchema)]
+#[schema(as = ledger::Participant)]
+struct ParticipantAnswer {
+    #[schema(value_type = FspName)]
+    name: String,
+    #[schema(value_type = Currency)]
+    currency: String,
+    /// The net debit cap.
+    #[schema(value_type = Decimal)]
+    ndc: String,
+    /// What it owes (negative: what it is owed) from committed transfers, such as "-12.5".
+    position: String,
+    /// What its prepared transfers hold of its cap until they are committed or aborted.
+    reserved: String,
+}
+
+/// Creates a participant (an FSP) with its currency and net debit cap.
+#[utoipa::path(
+    post,
+    path = "/participants",
+    tag = TAG,
+    request_body = NewParticipant,
+    responses(
+        (status = 201, description = "Created, with a position of 0.", body = ParticipantAnswer),
+        (status = 400, description = "`3100`: a field is malformed; the message names it.", body = ErrorBody),
+        (status = 409, description = "`3003`: a participant with this name exists.", body = ErrorBody),
+    ),
+)]
 async fn create_participant(State(ledger): Ctx, body: Bytes) -> Result<Response, ApiError> {
     let body: NewParticipant = parse_body(&body)?;
     check_name("name", &body.name)?;
@@ -196,7 +261,7 @@ async fn create_participant(State(ledger): Ctx, body: Bytes) -> Result<Response,
     {
         Reply::Participant(_) => Ok(json(
             StatusCode::CREATED,
-            &participant_body(&body.name, &body.currency, ndc, 0, 0),
+            &participant_answer(&body.name, &body.currency, ndc, 0, 0),
         )),
         Reply::Refused(refusal) => Err(refusal_error(refusal)),
         other => Err(unexpected(&other)),
@@ -211,28 +276,48 @@ fn unexpected(reply: &Reply) -> ApiError {
     )
 }
 
-fn participant_body(
+fn participant_answer(
     name: &str,
     currency: &str,
     ndc: Amount,
     position: Amount,
     reserved: Amount,
-) -> Value {
-    json!({
-        "name": name,
-        "currency": currency,
-        "ndc": amount::format(ndc, currency),
-        "position": amount::format(position, currency),
-        "reserved": amount::format(reserved, currency),
-    })
+) -> ParticipantAnswer {
+    ParticipantAnswer {
+        name: name.to_string(),
+        currency: currency.to_string(),
+        ndc: amount::format(ndc, currency),
+        position: amount::format(position, currency),
+        reserved: amount::format(reserved, currency),
+    }
 }
 
-#[derive(Deserialize)]
+/// A participant's new net debit cap.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = ledger::NewNdc)]
 struct NewNdc {
+    /// In the participant's currency; at least its position plus reservations.
+    #[schema(value_type = Decimal)]
     ndc: String,
 }
 
+/// The description of the `{name}` path value.
+const NAME_PARAM: &str = "The participant: 1 to 32 characters of A-Z, a-z, 0-9, '-', '_' or '.'.";
+
+/// Sets a participant's net debit cap.
+#[utoipa::path(
+    put,
+    path = "/participants/{name}/ndc",
+    tag = TAG,
+    params(("name" = inline(FspName), Path, description = NAME_PARAM)),
+    request_body = NewNdc,
+    responses(
+        (status = 200, description = "Set; the participant after it.", body = ParticipantAnswer),
+        (status = 400, description = "`3100`: the name or the cap is malformed, or the cap is below the participant's position plus reservations.", body = ErrorBody),
+        (status = 404, description = "`3201`: no such participant.", body = ErrorBody),
+    ),
+)]
 async fn set_ndc(
     State(ledger): Ctx,
     Path(name): Path<String>,
@@ -256,6 +341,18 @@ async fn set_ndc(
     }
 }
 
+/// A participant's account, read from its partition (it reflects every acknowledged write).
+#[utoipa::path(
+    get,
+    path = "/participants/{name}",
+    tag = TAG,
+    params(("name" = inline(FspName), Path, description = NAME_PARAM)),
+    responses(
+        (status = 200, description = "The participant.", body = ParticipantAnswer),
+        (status = 400, description = "`3100`: the name is malformed.", body = ErrorBody),
+        (status = 404, description = "`3201`: no such participant.", body = ErrorBody),
+    ),
+)]
 async fn get_participant(
     State(ledger): Ctx,
     scope: Scope,
@@ -275,16 +372,62 @@ async fn get_participant(
     let (currency, ndc, position, reserved) = found.ok_or_else(|| no_participant(&name))?;
     Ok(json(
         StatusCode::OK,
-        &participant_body(&name, &currency, ndc, position, reserved),
+        &participant_answer(&name, &currency, ndc, position, reserved),
     ))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct Page {
+    /// Entries to skip, oldest first.
     offset: Option<usize>,
+    /// Entries to return, 1 to 1,000 (100 when absent).
+    #[param(minimum = 1, maximum = 1_000)]
     limit: Option<usize>,
 }
 
+/// A page of a participant's entries.
+#[derive(Serialize, ToSchema)]
+#[schema(as = ledger::Entries)]
+struct EntriesAnswer {
+    #[schema(value_type = FspName)]
+    name: String,
+    /// Entries the participant has in all; `entries` is a page of them.
+    total: usize,
+    /// Where the page starts.
+    offset: usize,
+    entries: Vec<EntryAnswer>,
+}
+
+/// A change of a participant's position by a committed transfer.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = ledger::Entry)]
+struct EntryAnswer {
+    #[schema(value_type = CorrelationId)]
+    transfer_id: String,
+    /// Added to the position: positive as the payer, negative as the payee.
+    change: String,
+    /// The position after it.
+    position: String,
+    /// When it was applied (RFC 3339).
+    #[schema(format = DateTime)]
+    timestamp: String,
+}
+
+/// A page of a participant's entries (the changes of its position), oldest first, read from its
+/// partition.
+#[utoipa::path(
+    get,
+    path = "/participants/{name}/entries",
+    tag = TAG,
+    params(("name" = inline(FspName), Path, description = NAME_PARAM), Page),
+    responses(
+        (status = 200, description = "The page.", body = EntriesAnswer),
+        (status = 400, description = "`3100`: the name or the limit is malformed; or `bad_request`: a query value is not a number.", body = ErrorBody),
+        (status = 404, description = "`3201`: no such participant.", body = ErrorBody),
+    ),
+)]
 async fn get_entries(
     State(ledger): Ctx,
     scope: Scope,
@@ -326,25 +469,48 @@ async fn get_entries(
     let (currency, total, entries) = found
         .ok_or_else(|| no_participant(&name))?
         .map_err(ApiError::archive)?;
-    let entries: Vec<Value> = entries
+    let entries = entries
         .iter()
-        .map(|e| {
-            json!({
-                "transferId": format_transfer_id(e.transfer),
-                "change": amount::format(e.change, &currency),
-                "position": amount::format(e.position_after, &currency),
-                "timestamp": format_time_ms(e.timestamp_ms),
-            })
+        .map(|e| EntryAnswer {
+            transfer_id: format_transfer_id(e.transfer),
+            change: amount::format(e.change, &currency),
+            position: amount::format(e.position_after, &currency),
+            timestamp: format_time_ms(e.timestamp_ms),
         })
         .collect();
-    Ok(json(
-        StatusCode::OK,
-        &json!({ "name": name, "total": total, "offset": offset, "entries": entries }),
-    ))
+    let answer = EntriesAnswer {
+        name,
+        total,
+        offset,
+        entries,
+    };
+    Ok(json(StatusCode::OK, &answer))
 }
 
-/// Every participant from the read model, with the sum of positions (zero whenever no transfer step
-/// is in flight), the number of transfers in each state, and the read model's lag.
+/// Every participant, with totals over the ledger.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = ledger::Participants)]
+struct ParticipantsAnswer<'a> {
+    /// In order of name.
+    participants: Vec<ParticipantAnswer>,
+    /// The sum of the positions of each currency's participants: 0 whenever no transfer is between
+    /// its steps.
+    position_sums: HashMap<&'a str, String>,
+    /// Transfers in each state, by FSPIOP state name (every state named).
+    transfers: BTreeMap<&'static str, u64>,
+    /// Journal records the read model has not taken in yet.
+    lag_records: u64,
+}
+
+/// Every participant from the read model, which may lag by a group commit, with the sum of positions
+/// per currency and the number of transfers in each state.
+#[utoipa::path(
+    get,
+    path = "/participants",
+    tag = TAG,
+    responses((status = 200, description = "The participants.", body = ParticipantsAnswer)),
+)]
 async fn list_participants(State(ledger): Ctx) -> Response {
     let model = ledger
         .model
@@ -352,31 +518,26 @@ async fn list_participants(State(ledger): Ctx) -> Response {
         .expect("the ledger model lock is never poisoned");
     let mut names: Vec<&Name> = model.participants.keys().collect();
     names.sort();
-    let participants: Vec<Value> = names
+    let participants = names
         .iter()
         .map(|name| {
             let p = &model.participants[*name];
-            participant_body(name, &p.currency, p.ndc, p.position, p.reserved)
+            participant_answer(name, &p.currency, p.ndc, p.position, p.reserved)
         })
         .collect();
     let mut sums: HashMap<&str, Amount> = HashMap::new();
     for p in model.participants.values() {
         *sums.entry(&p.currency).or_default() += p.position;
     }
-    let position_sums: HashMap<&str, String> = sums
-        .iter()
-        .map(|(currency, sum)| (*currency, amount::format(*sum, currency)))
-        .collect();
-    let lag = ledger.engine.projection_lag(APP_ID).unwrap_or(0);
-    json(
-        StatusCode::OK,
-        &json!({
-            "participants": participants,
-            "positionSums": position_sums,
-            "transfers": model.transfer_counts(),
-            "lagRecords": lag,
-        }),
-    )
+    let answer = ParticipantsAnswer {
+        participants,
+        position_sums: (sums.iter())
+            .map(|(currency, sum)| (*currency, amount::format(*sum, currency)))
+            .collect(),
+        transfers: model.transfer_counts(),
+        lag_records: ledger.engine.projection_lag(APP_ID).unwrap_or(0),
+    };
+    json(StatusCode::OK, &answer)
 }
 
 /// Prepares waiting for their reservations; each waiter is removed when the request is done with it,
@@ -454,9 +615,30 @@ fn settled(id: TransferId, state: TransferState) -> Result<Response, ApiError> {
     } else {
         StatusCode::CREATED
     };
-    Ok(json(status, &transfer_body(id, state)))
+    Ok(json(status, &transfer_outcome(id, state)))
 }
 
+/// Prepares a transfer (FSPIOP's `POST /transfers`) and answers once the payer's reservation is
+/// settled: RESERVED, or the refusal's FSPIOP error code.
+///
+/// FSPIOP answers 202 and calls back; this answers with the outcome, so the client needs no callback
+/// endpoint. A reservation still unsettled after 10 seconds is answered RECEIVED (202): the client
+/// asks again with `GET /transfers/{id}`.
+#[utoipa::path(
+    post,
+    path = "/transfers",
+    tag = TAG,
+    params(("FSPIOP-Source" = Option<String>, Header, description = "The FSP making the request. Read only with a participant's key, which prepares only as the payer: if sent, it must name the payer.")),
+    request_body = Prepare,
+    responses(
+        (status = 201, description = "Reserved: the transfer waits for the payee's fulfilment. A prepare sent again answers the transfer's state, whichever it is now.", body = TransferOutcome),
+        (status = 202, description = "Received: the reservation is still on its way.", body = TransferOutcome),
+        (status = 400, description = "`3100`: a field is malformed (the message names it), the payer and the payee are one, or they do not hold the transfer's currency; `3202`: no such payer; `3203`: no such payee; `3303`: the expiration is not in the future, or passed before the reservation.", body = ErrorBody),
+        (status = 409, description = "`3106`: this transferId was prepared before with other content.", body = ErrorBody),
+        (status = 422, description = "`4001`: the payer's position and reservations would exceed its net debit cap; the transfer is ABORTED.", body = ErrorBody),
+        (status = 503, description = "`2003`: the ledger holds its maximum of open transfers; or the partition cannot take the request now (overloaded, moving, disk full, shutting down). Retry after `Retry-After`.", body = ErrorBody),
+    ),
+)]
 async fn prepare(
     State(ledger): Ctx,
     scope: Scope,
@@ -495,14 +677,33 @@ async fn prepare(
     }
 }
 
-#[derive(Deserialize)]
+/// `transferState` of a completion in the API description.
+fn completion_state_schema() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(["COMMITTED", "ABORTED"]))
+        .description(Some(
+            "COMMITTED to fulfil the transfer, ABORTED to reject it.",
+        ))
+        .build()
+}
+
+/// The payee's answer to a prepared transfer (FSPIOP's `PUT /transfers/{id}`).
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schema(as = ledger::Completion)]
 struct Completion {
+    #[schema(schema_with = completion_state_schema)]
     transfer_state: String,
+    /// The fulfilment of the prepare's condition (whose SHA-256 it is); needed to commit.
+    #[schema(value_type = Option<Base64Url32>)]
     fulfilment: Option<String>,
+    /// When the payee completed it: an RFC 3339 date-time; not kept.
+    #[schema(format = DateTime)]
     completed_timestamp: Option<String>,
-    /// Accepted as FSPIOP allows it; nothing here reads it.
+    /// Accepted as FSPIOP allows it; not read.
     #[serde(rename = "extensionList", default)]
+    #[schema(value_type = Option<Value>)]
     _extension_list: Option<serde::de::IgnoredAny>,
 }
 
@@ -515,6 +716,32 @@ fn source_of(headers: &HeaderMap) -> Result<Name, ApiError> {
     Ok(source.into())
 }
 
+/// The description of the `{id}` path value.
+const TRANSFER_ID_PARAM: &str = "The transfer's id (a UUID).";
+
+/// The description of the `FSPIOP-Source` header of a payee's request.
+const PAYEE_SOURCE_PARAM: &str =
+    "The FSP making the request: the transfer's payee (with a participant's key, the key's own).";
+
+/// The payee fulfils (COMMITTED) or rejects (ABORTED) a reserved transfer.
+///
+/// A fulfil or a reject sent again after it succeeded answers the same.
+#[utoipa::path(
+    put,
+    path = "/transfers/{id}",
+    tag = TAG,
+    params(
+        ("id" = inline(CorrelationId), Path, description = TRANSFER_ID_PARAM),
+        ("FSPIOP-Source" = inline(FspName), Header, description = PAYEE_SOURCE_PARAM),
+    ),
+    request_body = Completion,
+    responses(
+        (status = 200, description = "The transfer's new state: COMMITTED or ABORTED.", body = TransferOutcome),
+        (status = 400, description = "`3100`: a field or header is malformed (the message names it), the source is not the payee, the fulfilment does not match the condition, or the transfer is not RESERVED; `3303`: it expired.", body = ErrorBody),
+        (status = 404, description = "`3208`: no such transfer.", body = ErrorBody),
+        (status = 409, description = "`3106`: the transfer was committed with another fulfilment.", body = ErrorBody),
+    ),
+)]
 async fn complete(
     State(ledger): Ctx,
     scope: Scope,
@@ -529,18 +756,17 @@ async fn complete(
     if let Some(at) = &body.completed_timestamp {
         parse_time_ms("completedTimestamp", at)?;
     }
+    // Checked whatever the state, as FSPIOP's schema checks it.
+    let fulfilment = (body.fulfilment.as_deref())
+        .map(|fulfilment| parse_32_bytes("fulfilment", fulfilment))
+        .transpose()?;
     let command = match body.transfer_state.as_str() {
-        "COMMITTED" => {
-            let fulfilment = body
-                .fulfilment
-                .as_deref()
-                .ok_or_else(|| validation("a COMMITTED completion needs its fulfilment"))?;
-            Command::Fulfil {
-                id,
-                source,
-                fulfilment: parse_32_bytes("fulfilment", fulfilment)?,
-            }
-        }
+        "COMMITTED" => Command::Fulfil {
+            id,
+            source,
+            fulfilment: fulfilment
+                .ok_or_else(|| validation("a COMMITTED completion needs its fulfilment"))?,
+        },
         "ABORTED" => Command::Reject { id, source },
         other => {
             return Err(validation(format!(
@@ -553,13 +779,45 @@ async fn complete(
 
 async fn finish(ledger: &Ledger, id: TransferId, command: Command) -> Result<Response, ApiError> {
     match ledger.submit(&Owner::Transfer(id), &command).await? {
-        Reply::Transfer(_, state) => Ok(json(StatusCode::OK, &transfer_body(id, state))),
+        Reply::Transfer(_, state) => Ok(json(StatusCode::OK, &transfer_outcome(id, state))),
         Reply::Refused(refusal) => Err(refusal_error(refusal)),
         other => Err(unexpected(&other)),
     }
 }
 
-/// `PUT /transfers/{id}/error`: the payee reports an error, which aborts the transfer.
+/// The payee's error report (FSPIOP's `PUT /transfers/{id}/error`); other fields than these are
+/// accepted and not read.
+#[derive(Deserialize, ToSchema)]
+#[schema(as = ledger::ErrorReport)]
+struct ErrorReport {
+    #[serde(rename = "errorInformation")]
+    _error_information: ErrorInformation,
+}
+
+#[derive(Deserialize, ToSchema)]
+#[schema(as = ledger::ErrorInformation)]
+struct ErrorInformation {
+    /// FSPIOP's error code, such as "5100"; the transfer is aborted whatever it says.
+    #[serde(rename = "errorCode")]
+    _error_code: String,
+}
+
+/// The payee reports an error, which rejects (aborts) a reserved transfer.
+#[utoipa::path(
+    put,
+    path = "/transfers/{id}/error",
+    tag = TAG,
+    params(
+        ("id" = inline(CorrelationId), Path, description = TRANSFER_ID_PARAM),
+        ("FSPIOP-Source" = inline(FspName), Header, description = PAYEE_SOURCE_PARAM),
+    ),
+    request_body = ErrorReport,
+    responses(
+        (status = 200, description = "Aborted.", body = TransferOutcome),
+        (status = 400, description = "`3100`: the body or a header is malformed, the source is not the payee, or the transfer is not RESERVED; `3303`: it expired.", body = ErrorBody),
+        (status = 404, description = "`3208`: no such transfer.", body = ErrorBody),
+    ),
+)]
 async fn error_callback(
     State(ledger): Ctx,
     scope: Scope,
@@ -567,18 +825,25 @@ async fn error_callback(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let body: Value = parse_body(&body)?;
+    let ErrorReport { .. } = parse_body(&body)?;
     let id = parse_transfer_id(&id)?;
     let source = source_of(&headers)?;
     scope.permits(&source)?;
-    if !body["errorInformation"]["errorCode"].is_string() {
-        return Err(validation(
-            "the body must be {\"errorInformation\": {\"errorCode\", \"errorDescription\"}}",
-        ));
-    }
     finish(&ledger, id, Command::Reject { id, source }).await
 }
 
+/// A transfer's state and what was prepared, open or long final.
+#[utoipa::path(
+    get,
+    path = "/transfers/{id}",
+    tag = TAG,
+    params(("id" = inline(CorrelationId), Path, description = TRANSFER_ID_PARAM)),
+    responses(
+        (status = 200, description = "The transfer.", body = TransferView),
+        (status = 400, description = "`3100`: the id is not a UUID.", body = ErrorBody),
+        (status = 404, description = "`3208`: no such transfer.", body = ErrorBody),
+    ),
+)]
 async fn get_transfer(
     State(ledger): Ctx,
     scope: Scope,
@@ -621,25 +886,31 @@ async fn get_transfer(
     // A participant sees the transfers it is the payer or the payee of.
     scope.permits_any(&[&spec.payer, &spec.payee])?;
     let body = TransferView {
-        outcome: transfer_body(id, transfer.state),
+        outcome: transfer_outcome(id, transfer.state),
         payer_fsp: &spec.payer,
         payee_fsp: &spec.payee,
-        amount: json!({"currency": spec.currency, "amount": amount::format(spec.amount, &spec.currency)}),
+        amount: Money {
+            currency: spec.currency.to_string(),
+            amount: amount::format(spec.amount, &spec.currency),
+        },
         expiration: format_time_ms(spec.expiration_ms),
     };
     Ok(json(StatusCode::OK, &body))
 }
 
-/// A failure to read the archive's store (a damaged disk): the record is there but cannot be served.
-/// `GET /transfers/{id}`: the transfer's state and what was prepared.
-#[derive(Serialize)]
+/// A transfer's state and what was prepared.
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = ledger::Transfer)]
 struct TransferView<'a> {
     #[serde(flatten)]
-    outcome: TransferBody,
+    outcome: TransferOutcome,
+    #[schema(value_type = FspName)]
     payer_fsp: &'a str,
+    #[schema(value_type = FspName)]
     payee_fsp: &'a str,
-    amount: Value,
+    amount: Money,
+    #[schema(format = DateTime)]
     expiration: String,
 }
 
@@ -664,7 +935,7 @@ pub(crate) fn routes(
     model: Arc<RwLock<LedgerModel>>,
     waiters: Waiters,
     open_transfers_max: u64,
-) -> Router {
+) -> AppRouter {
     // Tells every partition the time, so due transfers expire without traffic; only while some are
     // RESERVED.
     let reserved_model = model.clone();
@@ -687,17 +958,14 @@ pub(crate) fn routes(
         waiters,
         open_transfers_max,
     });
-    Router::new()
-        .route(
-            "/participants",
-            post(create_participant).get(list_participants),
-        )
-        .route("/participants/{name}", get(get_participant))
-        .route("/participants/{name}/ndc", put(set_ndc))
-        .route("/participants/{name}/entries", get(get_entries))
-        .route("/transfers", post(prepare))
-        .route("/transfers/batch", post(batch::batch))
-        .route("/transfers/{id}", put(complete).get(get_transfer))
-        .route("/transfers/{id}/error", put(error_callback))
+    AppRouter::new()
+        .routes(routes!(create_participant, list_participants))
+        .routes(routes!(get_participant))
+        .routes(routes!(set_ndc))
+        .routes(routes!(get_entries))
+        .routes(routes!(prepare))
+        .routes(routes!(batch::batch))
+        .routes(routes!(complete, get_transfer))
+        .routes(routes!(error_callback))
         .with_state(ledger)
 }

@@ -1,14 +1,17 @@
 //! Reading FSPIOP requests: names, currencies, transfer ids, amounts, conditions, times and bodies, each
-//! refused with a 3100 whose message names the problem; and the FSPIOP error as spate's error shape.
+//! refused with a 3100 whose message names the problem; the FSPIOP error as spate's error shape; and
+//! what each check accepts, as the schema the API description gives its values.
 
 use crate::amount;
 use crate::domain::{ErrorCode, Refusal, TransferId, TransferSpec};
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use base64::Engine as _;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use spate_server::ApiError;
+use utoipa::openapi::{ObjectBuilder, RefOr, Schema, Type};
+use utoipa::{PartialSchema, ToSchema};
 
 /// Longest FSP name (FSPIOP's FspId).
 const NAME_BYTES_MAX: usize = 32;
@@ -27,6 +30,69 @@ pub(super) fn refusal_error(refusal: Refusal) -> ApiError {
     };
     ApiError::new(status, refusal.code.code().to_string(), refusal.message)
 }
+
+/// Declares a string type of the API description (`ledger.NAME`) with the pattern of what a check here
+/// accepts, for fields to name with `#[schema(value_type = ...)]`.
+macro_rules! text_schema {
+    ($(#[$doc:meta])* $name:ident, $description:expr, $pattern:expr) => {
+        $(#[$doc])*
+        pub(super) struct $name;
+
+        impl PartialSchema for $name {
+            fn schema() -> RefOr<Schema> {
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .description(Some($description))
+                    .pattern(Some($pattern))
+                    .into()
+            }
+        }
+
+        impl ToSchema for $name {
+            fn name() -> std::borrow::Cow<'static, str> {
+                concat!("ledger.", stringify!($name)).into()
+            }
+        }
+    };
+}
+
+text_schema!(
+    /// An FSP's name as [`check_name`] accepts it.
+    FspName,
+    "An FSP's name (FSPIOP's FspId): 1 to 32 characters of A-Z, a-z, 0-9, '-', '_' or '.'.",
+    format!("^[A-Za-z0-9._-]{{1,{NAME_BYTES_MAX}}}$")
+);
+
+text_schema!(
+    /// A currency as [`check_currency`] accepts it.
+    Currency,
+    "An ISO 4217 currency code: three capital letters.",
+    "^[A-Z]{3}$"
+);
+
+text_schema!(
+    /// An amount as [`amount::parse`] accepts it.
+    Decimal,
+    "FSPIOP's Amount: a decimal such as \"100\" or \"12.5\", at most 18 digits before the point and \
+     4 after it, without leading or trailing zeros, and no more decimals than the currency has (2 for \
+     most).",
+    amount::pattern()
+);
+
+text_schema!(
+    /// A transfer id as [`parse_transfer_id`] accepts it.
+    CorrelationId,
+    "FSPIOP's CorrelationId, as a transferId: a UUID in its 8-4-4-4-12 form, such as \
+     \"b51ec534-ee48-4575-b6a9-ead2955b8069\".",
+    "^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$"
+);
+
+text_schema!(
+    /// A condition or fulfilment as [`parse_32_bytes`] accepts it.
+    Base64Url32,
+    "32 bytes in base64url without padding (43 characters).",
+    "^[A-Za-z0-9_-]{43}$"
+);
 
 pub(super) fn validation(message: impl Into<String>) -> ApiError {
     refusal_error(Refusal {
@@ -118,6 +184,12 @@ pub(super) fn parse_time_ms(field: &str, text: &str) -> Result<u64, ApiError> {
                 "{field} {text:?} is not an RFC 3339 date-time: {e}"
             ))
         })?;
+    // Times are answered in UTC, and an offset can carry one past the last UTC can write.
+    if parsed.checked_to_utc().is_none() {
+        return Err(validation(format!(
+            "{field} {text:?} is after 9999-12-31T23:59:59Z"
+        )));
+    }
     u64::try_from(parsed.unix_timestamp_nanos() / 1_000_000)
         .map_err(|_| validation(format!("{field} is before 1970")))
 }
@@ -132,23 +204,44 @@ pub(super) fn format_time_ms(ms: u64) -> String {
         .unwrap_or_default()
 }
 
-#[derive(Deserialize)]
+/// An amount in a currency.
+#[derive(Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = ledger::Money)]
 pub(super) struct Money {
-    currency: String,
-    amount: String,
+    #[schema(value_type = Currency)]
+    pub(super) currency: String,
+    #[schema(value_type = Decimal)]
+    pub(super) amount: String,
 }
 
-#[derive(Deserialize)]
+/// FSPIOP's prepare (`POST /transfers`): the payer asks to move `amount` to the payee once the payee
+/// shows the fulfilment of `condition`, before `expiration`.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schema(as = ledger::Prepare)]
 pub(super) struct Prepare {
+    /// New for each transfer; a prepare sent again with the same id and content is answered as the
+    /// first was, and refused (3106) with other content.
+    #[schema(value_type = CorrelationId)]
     transfer_id: String,
+    /// The payer, whose net debit cap must cover the amount.
+    #[schema(value_type = FspName)]
     payer_fsp: String,
+    /// The payee, another FSP than the payer, in the same currency.
+    #[schema(value_type = FspName)]
     payee_fsp: String,
+    /// More than 0.
     amount: Money,
+    /// The SHA-256 of the fulfilment the payee will show.
+    #[schema(value_type = Base64Url32)]
     condition: String,
+    /// When the transfer expires if it is not fulfilled: an RFC 3339 date-time in the future.
+    #[schema(format = DateTime)]
     expiration: String,
+    /// Kept as part of what the prepare says; not read.
     ilp_packet: Option<String>,
+    /// Kept as part of what the prepare says; not read.
     extension_list: Option<Value>,
 }
 
