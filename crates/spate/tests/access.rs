@@ -5,8 +5,6 @@
 mod support;
 
 use serde_json::{Value, json};
-use std::path::Path;
-use std::process::Command;
 use support::endpoints::Need::{self, Admin, Read, Write};
 use support::endpoints::{APPS, ENDPOINTS};
 use support::ledger::{fulfil_body, prepare_body, transfer_id};
