@@ -128,9 +128,43 @@ fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     } else {
         body
     };
-    serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!("invalid body: {}", redact_digits(&e.to_string())))
-    })
+    serde_json::from_slice(body)
+        .map(|JsonObject(value)| value)
+        .map_err(|e| {
+            ApiError::bad_request(format!("invalid body: {}", redact_digits(&e.to_string())))
+        })
+}
+
+/// A `T` read from a JSON object only. serde's derived structs also read an array of their fields in
+/// order (`[null, null]` would be a capture of everything), which is not the shape the API describes.
+struct JsonObject<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for JsonObject<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor<T>(std::marker::PhantomData<T>);
+
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for ObjectVisitor<T> {
+            type Value = T;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+
+        let visitor = ObjectVisitor(std::marker::PhantomData);
+        deserializer.deserialize_map(visitor).map(JsonObject)
+    }
+}
+
+/// For `deserialize_with` on a field whose value is a struct: see [`JsonObject`].
+fn json_object<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<T, D::Error> {
+    JsonObject::deserialize(deserializer).map(|JsonObject(value)| value)
 }
 
 /// The `Idempotency-Key` header, as the description of the operations that need it; [`require_key`]
@@ -530,7 +564,9 @@ struct AuthorizeRequest {
     currency: String,
     /// A merchant of the reference data (`GET /admin/reference`).
     merchant: String,
+    #[serde(deserialize_with = "json_object")]
     card: CardRequest,
+    #[serde(deserialize_with = "json_object")]
     tax: TaxRequest,
     #[serde(default)]
     #[schema(schema_with = metadata_schema)]
@@ -1324,6 +1360,33 @@ mod tests {
             "invalid type: integer `[redacted]`, expected a string at line 1 column 40"
         );
         assert_eq!(redact_digits("12345 and 123456"), "12345 and [redacted]");
+    }
+
+    /// The message of `parse_body`'s refusal of `body` as a `T`.
+    fn refusal_of<T: DeserializeOwned>(body: &[u8]) -> String {
+        match parse_body::<T>(body) {
+            Ok(_) => panic!("{} was taken", String::from_utf8_lossy(body)),
+            Err(error) => error.message,
+        }
+    }
+
+    #[test]
+    fn bodies_are_objects_not_arrays_of_their_fields() {
+        let not_object = "expected a JSON object";
+        assert!(refusal_of::<CaptureRequest>(b"[null, null]").contains(not_object));
+        assert!(refusal_of::<RefundRequest>(b"[5]").contains(not_object));
+        assert!(refusal_of::<Empty>(b"[]").contains(not_object));
+        let card_as_array = br#"{"amount": 100, "currency": "usd", "merchant": "acme_shop",
+            "card": ["0", 1, 2030, "123"], "tax": {"category": "general", "jurisdiction": "US-CA"}}"#;
+        assert!(refusal_of::<AuthorizeRequest>(card_as_array).contains(not_object));
+        let tax_as_array = br#"{"amount": 100, "currency": "usd", "merchant": "acme_shop",
+            "card": {"number": "0", "exp_month": 1, "exp_year": 2030, "cvc": "123"},
+            "tax": ["general", "US-CA"]}"#;
+        assert!(refusal_of::<AuthorizeRequest>(tax_as_array).contains(not_object));
+        let capture: CaptureRequest =
+            parse_body(br#"{"amount": 5, "final_capture": null}"#).unwrap();
+        assert_eq!((capture.amount, capture.final_capture), (Some(5), None));
+        let Empty {} = parse_body(b" ").unwrap();
     }
 
     #[test]
