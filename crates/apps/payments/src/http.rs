@@ -193,6 +193,9 @@ fn require_key(headers: &HeaderMap) -> Result<spate_engine::CommandId, ApiError>
     })
 }
 
+/// What the POSTs under `/v1/payments` answer 422 for (their bodies' faults are 400s).
+const KEY_REUSED: &str =
+    "`idempotency_key_reused`: this `Idempotency-Key` was used with another request body.";
 const PAYMENT_ID: &str = "The payment's id: `pay_` and 40 lowercase hex digits.";
 const PAYMENT_NOT_FOUND: &str =
     "`payment_not_found`: no payment has this id, or it is not a payment id.";
@@ -688,6 +691,7 @@ fn authorize_command(
         (status = 400, description = "`idempotency_key_required`: no `Idempotency-Key`; `bad_request`: the body is not JSON of this shape, or a value is refused (the amount, currency, merchant, tax rate, metadata, card number, expiry or CVC) or the `Idempotency-Key` is malformed.", body = ErrorBody),
         (status = 402, description = "Declined (expired card, incorrect CVC or a fraud rule): the payment, with `decline_reason`.", body = PaymentAnswer),
         (status = 409, description = "`payment_exists`: another key's payment has this key's payment id, use another key; `in_flight`: a request with this `Idempotency-Key` is still being made durable, retry shortly.", body = ErrorBody),
+        (status = 422, description = KEY_REUSED, body = ErrorBody),
     ),
 )]
 async fn authorize(
@@ -761,6 +765,7 @@ fn optional_amount(amount: Option<u64>) -> Result<Option<u64>, ApiError> {
         (status = 400, description = "`amount_too_large`: more than the payment can still capture; `idempotency_key_required`: no `Idempotency-Key`; `bad_request`: the body is not JSON of this shape, the amount is out of range or the `Idempotency-Key` is malformed.", body = ErrorBody),
         (status = 404, description = PAYMENT_NOT_FOUND, body = ErrorBody),
         (status = 409, description = "`unexpected_state`: the payment is not `authorized`; `in_flight`: a request with this `Idempotency-Key` is still being made durable, retry shortly.", body = ErrorBody),
+        (status = 422, description = KEY_REUSED, body = ErrorBody),
     ),
 )]
 async fn capture(
@@ -805,6 +810,7 @@ struct Empty {}
         (status = 400, description = "`idempotency_key_required`: no `Idempotency-Key`; `bad_request`: the body is not `{}` or the `Idempotency-Key` is malformed.", body = ErrorBody),
         (status = 404, description = PAYMENT_NOT_FOUND, body = ErrorBody),
         (status = 409, description = "`unexpected_state`: the payment is neither `authorized` nor `captured`; `capture_settled`: a capture has settled, refund it instead; `settlement_in_progress`: a capture is in a settlement batch being written, retry after it; `in_flight`: a request with this `Idempotency-Key` is still being made durable, retry shortly.", body = ErrorBody),
+        (status = 422, description = KEY_REUSED, body = ErrorBody),
     ),
 )]
 async fn cancel(
@@ -844,6 +850,7 @@ struct RefundRequest {
         (status = 200, description = "Durable; the payment after it.", body = PaymentAnswer),
         (status = 400, description = "`amount_too_large`: more than the settled captures minus the refunds, or nothing is left to refund; `idempotency_key_required`: no `Idempotency-Key`; `bad_request`: the body is not JSON of this shape, the amount is out of range or the `Idempotency-Key` is malformed.", body = ErrorBody),
         (status = 404, description = PAYMENT_NOT_FOUND, body = ErrorBody),
+        (status = 422, description = KEY_REUSED, body = ErrorBody),
     ),
 )]
 async fn refund(
