@@ -1118,7 +1118,8 @@ struct EventAnswer {
     /// The id of the payment it is about.
     #[schema(pattern = "^pay_[0-9a-f]{40}$")]
     payment: String,
-    /// The id of the capture a `capture.*` event is about; null for the others.
+    /// The id of the capture a `capture.*` event is about; null for the others (and while
+    /// `data.object` is null).
     #[schema(pattern = "^cap_[0-9a-f]{40}_[0-9]+$")]
     capture: Option<String>,
     data: EventData,
