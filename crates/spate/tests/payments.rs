@@ -224,6 +224,17 @@ fn the_api_and_every_error() {
     let (status, _) = get(&agent, &format!("{base}/v1/events?after=not-a-cursor"));
     assert_eq!(status, 400);
 
+    // A body is an object: an array of the fields in order (serde's derive reads one) is refused, not
+    // taken as a capture of everything.
+    let (status, reply) = post(
+        &agent,
+        &url("/capture"),
+        Some("cap-array"),
+        &json!([null, null]),
+    )
+    .unwrap();
+    assert_eq!(status, 400, "{reply}");
+
     // Captures: partial, too much, final.
     let capture = post_ok(
         &agent,

@@ -12,26 +12,27 @@ use crate::command::{
 };
 use crate::keys::Keyring;
 use crate::model::{CursorExpired, FeedEntry, FeedPosition, ListFilter, PaymentsModel};
-use crate::reference::{ReferenceData, currency_numeric, included_tax};
-use crate::settle::{Settler, batch_name};
+use crate::reference::{CURRENCIES, ReferenceData, currency_numeric, included_tax};
+use crate::settle::{FileReport, SettleReport, Settler, batch_name};
 use crate::state::{PartitionQuery, PaymentsState};
 use crate::{APP_ID, APP_NAME, reference::Reference};
-use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use axum::routing::{get, post};
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use spate_engine::{EngineHandle, PartitionId};
 use spate_server::ApiError;
 use spate_server::access::{RouteAccess, Scope};
-use spate_server::api::{command_id, json as json_response, reply_bytes};
+use spate_server::api::{ErrorBody, command_id, json as json_response, reply_bytes};
+use spate_server::openapi::AppRouter;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
+use utoipa::openapi::schema::{KnownFormat, Object, ObjectBuilder, SchemaFormat, SchemaType, Type};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::routes;
 
 /// Stripe's bound: amounts up to 999,999.99 in a two-decimal currency.
 pub const AMOUNT_MAX: u64 = 99_999_999;
@@ -41,6 +42,9 @@ pub const METADATA_VALUE_CHARS_MAX: usize = 500;
 pub const PAGE_LIMIT_MAX: usize = 100;
 const PAGE_LIMIT_DEFAULT: usize = 10;
 const TICK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The tag of payments' routes in the API description.
+const TAG: &str = "payments";
 
 pub struct Payments {
     pub engine: EngineHandle,
@@ -66,7 +70,7 @@ pub const ROUTE_ACCESS: RouteAccess = RouteAccess {
     ],
 };
 
-pub fn routes(payments: Arc<Payments>) -> Router {
+pub fn routes(payments: Arc<Payments>) -> AppRouter {
     let authorized = (payments.model.read())
         .expect("the payments model lock is never poisoned")
         .authorized();
@@ -77,17 +81,17 @@ pub fn routes(payments: Arc<Payments>) -> Router {
         encode(&Command::Tick),
         move || authorized.load(std::sync::atomic::Ordering::Relaxed) > 0,
     );
-    Router::new()
-        .route("/v1/payments", post(authorize).get(list))
-        .route("/v1/payments/{id}", get(get_payment))
-        .route("/v1/payments/{id}/capture", post(capture))
-        .route("/v1/payments/{id}/cancel", post(cancel))
-        .route("/v1/payments/{id}/refunds", post(refund))
-        .route("/v1/events", get(events))
-        .route("/admin/reload", post(reload))
-        .route("/admin/reference", get(reference_summary))
-        .route("/admin/settlements", post(settle))
-        .route("/admin/settlements/{batch}/files", post(regenerate))
+    AppRouter::new()
+        .routes(routes!(authorize, list))
+        .routes(routes!(get_payment))
+        .routes(routes!(capture))
+        .routes(routes!(cancel))
+        .routes(routes!(refund))
+        .routes(routes!(events))
+        .routes(routes!(reload))
+        .routes(routes!(reference_summary))
+        .routes(routes!(settle))
+        .routes(routes!(regenerate))
         .with_state(payments)
 }
 
@@ -124,9 +128,59 @@ fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     } else {
         body
     };
-    serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!("invalid body: {}", redact_digits(&e.to_string())))
-    })
+    serde_json::from_slice(body)
+        .map(|JsonObject(value)| value)
+        .map_err(|e| {
+            ApiError::bad_request(format!("invalid body: {}", redact_digits(&e.to_string())))
+        })
+}
+
+/// A `T` read from a JSON object only. serde's derived structs also read an array of their fields in
+/// order (`[null, null]` would be a capture of everything), which is not the shape the API describes.
+struct JsonObject<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for JsonObject<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor<T>(std::marker::PhantomData<T>);
+
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for ObjectVisitor<T> {
+            type Value = T;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+
+        let visitor = ObjectVisitor(std::marker::PhantomData);
+        deserializer.deserialize_map(visitor).map(JsonObject)
+    }
+}
+
+/// For `deserialize_with` on a field whose value is a struct: see [`JsonObject`].
+fn json_object<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<T, D::Error> {
+    JsonObject::deserialize(deserializer).map(|JsonObject(value)| value)
+}
+
+/// The `Idempotency-Key` header, as the description of the operations that need it; [`require_key`]
+/// reads it.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+struct RequiredIdempotencyKey {
+    /// 1 to 255 bytes, on every POST under `/v1/payments`. A request repeated with the same key and
+    /// body gets the first one's answer and changes nothing; the same key with another body is refused
+    /// with 422.
+    #[param(rename = "Idempotency-Key", min_length = 1, max_length = 255)]
+    #[expect(
+        dead_code,
+        reason = "only describes the header, which `require_key` reads"
+    )]
+    idempotency_key: String,
 }
 
 fn require_key(headers: &HeaderMap) -> Result<spate_engine::CommandId, ApiError> {
@@ -138,6 +192,13 @@ fn require_key(headers: &HeaderMap) -> Result<spate_engine::CommandId, ApiError>
         )
     })
 }
+
+/// What the POSTs under `/v1/payments` answer 422 for (their bodies' faults are 400s).
+const KEY_REUSED: &str =
+    "`idempotency_key_reused`: this `Idempotency-Key` was used with another request body.";
+const PAYMENT_ID: &str = "The payment's id: `pay_` and 40 lowercase hex digits.";
+const PAYMENT_NOT_FOUND: &str =
+    "`payment_not_found`: no payment has this id, or it is not a payment id.";
 
 fn parse_id(text: &str) -> Result<PaymentId, ApiError> {
     PaymentId::parse(text).ok_or_else(|| {
@@ -174,65 +235,218 @@ fn rate_percent(ppm: u64) -> String {
     }
 }
 
-/// The payment object as the API shows it.
-pub fn payment_json(p: &Payment) -> Value {
-    let captures: Vec<Value> = p
-        .captures
-        .iter()
-        .enumerate()
-        .map(|(index, c)| {
-            json!({
-                "id": p.capture_id(index),
-                "amount": c.amount,
-                "status": c.status.name(),
-                "batch": c.batch.map(batch_name),
-                "created": seconds(c.created_ms),
+/// A payment's `status`: one of [`Status::ALL`]'s names.
+fn status_schema() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(Status::ALL.map(Status::name)))
+        .build()
+}
+
+/// A supported currency: one of [`CURRENCIES`]' codes.
+fn currency_schema() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .description(Some("ISO 4217, lowercase."))
+        .enum_values(Some(CURRENCIES.iter().map(|(code, _)| *code)))
+        .build()
+}
+
+/// An amount in minor units as [`check_amount`] takes it, of JSON type `types`.
+fn amount_schema_of(types: SchemaType) -> Object {
+    ObjectBuilder::new()
+        .schema_type(types)
+        .format(Some(SchemaFormat::KnownFormat(KnownFormat::UInt64)))
+        .minimum(Some(1))
+        .maximum(Some(AMOUNT_MAX))
+        .build()
+}
+
+fn amount_schema() -> Object {
+    amount_schema_of(Type::Integer.into())
+}
+
+/// An amount that may be left out or null: what is left to take.
+fn amount_or_null_schema() -> Object {
+    amount_schema_of(SchemaType::from_iter([Type::Integer, Type::Null]))
+}
+
+/// `metadata` as `authorize_command` bounds it.
+fn metadata_schema() -> Object {
+    let key = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(Some(1))
+        .max_length(Some(METADATA_KEY_CHARS_MAX));
+    let value = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .max_length(Some(METADATA_VALUE_CHARS_MAX));
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .description(Some(
+            "The caller's labels, kept with the payment and shown as sent.",
+        ))
+        .max_properties(Some(METADATA_KEYS_MAX))
+        .property_names(Some(key))
+        .additional_properties(Some(value))
+        .build()
+}
+
+/// A page size as [`page_limit`] takes it.
+fn page_limit_schema() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::Integer)
+        .description(Some(format!(
+            "Items to return, 1 to {PAGE_LIMIT_MAX} ({PAGE_LIMIT_DEFAULT} when absent)."
+        )))
+        .format(Some(SchemaFormat::KnownFormat(KnownFormat::UInt64)))
+        .minimum(Some(1))
+        .maximum(Some(PAGE_LIMIT_MAX))
+        .build()
+}
+
+/// The `object` of a payment.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum PaymentObject {
+    Payment,
+}
+
+/// The `object` of a page.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum ListObject {
+    List,
+}
+
+/// A payment as the API shows it: its card only masked and as a token, never the number or the CVC.
+#[derive(Serialize, ToSchema)]
+struct PaymentAnswer {
+    #[schema(pattern = "^pay_[0-9a-f]{40}$")]
+    id: String,
+    object: PaymentObject,
+    #[schema(schema_with = status_schema)]
+    status: &'static str,
+    /// In minor units, tax included.
+    amount: u64,
+    /// What can still be captured.
+    amount_capturable: u64,
+    /// Captures pending or settled.
+    amount_captured: u64,
+    amount_refunded: u64,
+    #[schema(schema_with = currency_schema)]
+    currency: String,
+    merchant: String,
+    /// Unix seconds.
+    created: u64,
+    /// Unix seconds: an authorization not captured by then expires.
+    capture_before: u64,
+    card: CardAnswer,
+    /// The tax included in `amount`, in minor units.
+    tax_amount: u64,
+    tax: TaxAnswer,
+    /// Why it was declined (`expired_card`, `incorrect_cvc`, `fraud_rule_N`); null unless declined.
+    decline_reason: Option<String>,
+    /// The fraud rule that fired, also when it did not decline; null when none did.
+    fraud_rule: Option<u8>,
+    captures: Vec<CaptureAnswer>,
+    refunds: Vec<RefundAnswer>,
+    #[schema(schema_with = metadata_schema)]
+    metadata: BTreeMap<String, String>,
+}
+
+#[derive(Serialize, ToSchema)]
+struct CardAnswer {
+    /// The first 6 and last 4 digits, the others as `*`.
+    #[schema(pattern = "^[0-9]{6}[*]{2,9}[0-9]{4}$")]
+    masked: String,
+    /// The same for every payment with this card number.
+    #[schema(pattern = "^tok_[0-9a-f]{32}$")]
+    token: String,
+    exp_month: u8,
+    exp_year: u16,
+}
+
+#[derive(Serialize, ToSchema)]
+struct TaxAnswer {
+    category: String,
+    jurisdiction: String,
+    /// The rate applied, in decimal (`7.25`).
+    rate_percent: String,
+}
+
+#[derive(Serialize, ToSchema)]
+struct CaptureAnswer {
+    #[schema(pattern = "^cap_[0-9a-f]{40}_[0-9]+$")]
+    id: String,
+    amount: u64,
+    /// `pending` (waiting for or in a settlement batch), `succeeded`, `failed` (the merchant is
+    /// suspended) or `canceled`.
+    status: &'static str,
+    /// The settlement batch it went into, once it did.
+    #[schema(pattern = "^stl_[0-9]+$")]
+    batch: Option<String>,
+    /// Unix seconds.
+    created: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+struct RefundAnswer {
+    #[schema(pattern = "^re_[0-9a-f]{40}_[0-9]+$")]
+    id: String,
+    amount: u64,
+    /// Unix seconds.
+    created: u64,
+}
+
+impl From<&Payment> for PaymentAnswer {
+    fn from(p: &Payment) -> Self {
+        let captures = (p.captures.iter().enumerate())
+            .map(|(index, c)| CaptureAnswer {
+                id: p.capture_id(index),
+                amount: c.amount,
+                status: c.status.name(),
+                batch: c.batch.map(batch_name),
+                created: seconds(c.created_ms),
             })
-        })
-        .collect();
-    let refunds: Vec<Value> = p
-        .refunds
-        .iter()
-        .enumerate()
-        .map(|(index, r)| {
-            json!({"id": p.refund_id(index), "amount": r.amount, "created": seconds(r.created_ms)})
-        })
-        .collect();
-    let metadata: serde_json::Map<String, Value> = p
-        .metadata
-        .iter()
-        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-        .collect();
-    json!({
-        "id": p.id.to_string(),
-        "object": "payment",
-        "status": p.status.name(),
-        "amount": p.amount,
-        "amount_capturable": p.amount_capturable,
-        "amount_captured": p.amount_captured(),
-        "amount_refunded": p.amount_refunded(),
-        "currency": p.currency,
-        "merchant": p.merchant,
-        "created": seconds(p.created_ms),
-        "capture_before": seconds(p.capture_before_ms),
-        "card": {
-            "masked": p.card.masked,
-            "token": p.card.token_text(),
-            "exp_month": p.card.exp_month,
-            "exp_year": p.card.exp_year,
-        },
-        "tax_amount": p.tax.amount,
-        "tax": {
-            "category": p.tax.category,
-            "jurisdiction": p.tax.jurisdiction,
-            "rate_percent": rate_percent(p.tax.rate_ppm),
-        },
-        "decline_reason": p.decline_reason,
-        "fraud_rule": (p.fraud_rule != 0).then_some(p.fraud_rule),
-        "captures": captures,
-        "refunds": refunds,
-        "metadata": metadata,
-    })
+            .collect();
+        let refunds = (p.refunds.iter().enumerate())
+            .map(|(index, r)| RefundAnswer {
+                id: p.refund_id(index),
+                amount: r.amount,
+                created: seconds(r.created_ms),
+            })
+            .collect();
+        Self {
+            id: p.id.to_string(),
+            object: PaymentObject::Payment,
+            status: p.status.name(),
+            amount: p.amount,
+            amount_capturable: p.amount_capturable,
+            amount_captured: p.amount_captured(),
+            amount_refunded: p.amount_refunded(),
+            currency: p.currency.clone(),
+            merchant: p.merchant.clone(),
+            created: seconds(p.created_ms),
+            capture_before: seconds(p.capture_before_ms),
+            card: CardAnswer {
+                masked: p.card.masked.clone(),
+                token: p.card.token_text(),
+                exp_month: p.card.exp_month,
+                exp_year: p.card.exp_year,
+            },
+            tax_amount: p.tax.amount,
+            tax: TaxAnswer {
+                category: p.tax.category.clone(),
+                jurisdiction: p.tax.jurisdiction.clone(),
+                rate_percent: rate_percent(p.tax.rate_ppm),
+            },
+            decline_reason: p.decline_reason.clone(),
+            fraud_rule: (p.fraud_rule != 0).then_some(p.fraud_rule),
+            captures,
+            refunds,
+            metadata: p.metadata.iter().cloned().collect(),
+        }
+    }
 }
 
 fn refusal(refusal: Refusal, id: Option<PaymentId>) -> ApiError {
@@ -300,7 +514,7 @@ async fn submit(
             } else {
                 StatusCode::OK
             };
-            Ok(json_response(status, &payment_json(&payment)))
+            Ok(json_response(status, &PaymentAnswer::from(&*payment)))
         }
         Ok(Reply::Refused(r)) => Err(refusal(r, Some(id))),
         Ok(other) => Err(ApiError::new(
@@ -316,43 +530,61 @@ async fn submit(
     }
 }
 
-#[derive(Deserialize)]
+/// The card, checked here and never kept in clear: the number leaves this request sealed, masked and as
+/// a token, the CVC as a verdict only.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CardRequest {
+    /// 12 to 19 digits that pass the Luhn check.
+    #[schema(pattern = "^[0-9]{12,19}$")]
     number: String,
+    #[schema(minimum = 1, maximum = 12)]
     exp_month: u8,
+    #[schema(minimum = 2000, maximum = 2099)]
     exp_year: u16,
+    /// 3 digits, 4 for American Express; one of the wrong length declines.
+    #[schema(pattern = "^[0-9]{3,4}$")]
     cvc: String,
 }
 
-#[derive(Deserialize)]
+/// Picks the tax rate, which the amount includes.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct TaxRequest {
+    /// A category of the reference data's tax rates (`general`, `food`, ...).
     category: String,
+    /// A jurisdiction of the reference data's tax rates (`US-CA`, `FR`, ...).
     jurisdiction: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct AuthorizeRequest {
+    /// In minor units, tax included.
+    #[schema(schema_with = amount_schema)]
     amount: u64,
+    #[schema(schema_with = currency_schema)]
     currency: String,
+    /// A merchant of the reference data (`GET /admin/reference`).
     merchant: String,
+    #[serde(deserialize_with = "json_object")]
     card: CardRequest,
+    #[serde(deserialize_with = "json_object")]
     tax: TaxRequest,
     #[serde(default)]
+    #[schema(schema_with = metadata_schema)]
     metadata: BTreeMap<String, String>,
     #[serde(default)]
     capture_method: CaptureMethod,
 }
 
-#[derive(Deserialize, Default, PartialEq, Eq)]
+/// `manual` (the default): authorize now, capture later with `POST /v1/payments/{id}/capture`;
+/// `automatic`: capture the whole amount with the authorization.
+#[derive(Deserialize, Default, PartialEq, Eq, ToSchema)]
 #[serde(rename_all = "lowercase")]
 enum CaptureMethod {
-    /// Authorize now, capture later with `POST /v1/payments/{id}/capture`.
     #[default]
     Manual,
-    /// Capture the whole amount with the authorization.
     Automatic,
 }
 
@@ -446,6 +678,22 @@ fn authorize_command(
     })
 }
 
+/// Authorizes a card payment: the card is checked and the amount held, to be captured later (or at once
+/// with `capture_method: automatic`). A declined authorization is a payment too, answered with 402.
+#[utoipa::path(
+    post,
+    path = "/v1/payments",
+    tag = TAG,
+    params(RequiredIdempotencyKey),
+    request_body = AuthorizeRequest,
+    responses(
+        (status = 200, description = "Authorized (or captured, with `capture_method: automatic`).", body = PaymentAnswer),
+        (status = 400, description = "`idempotency_key_required`: no `Idempotency-Key`; `bad_request`: the body is not JSON of this shape, or a value is refused (the amount, currency, merchant, tax rate, metadata, card number, expiry or CVC) or the `Idempotency-Key` is malformed.", body = ErrorBody),
+        (status = 402, description = "Declined (expired card, incorrect CVC or a fraud rule): the payment, with `decline_reason`.", body = PaymentAnswer),
+        (status = 409, description = "`payment_exists`: another key's payment has this key's payment id, use another key; `in_flight`: a request with this `Idempotency-Key` is still being made durable, retry shortly.", body = ErrorBody),
+        (status = 422, description = KEY_REUSED, body = ErrorBody),
+    ),
+)]
 async fn authorize(
     State(payments): Shared,
     scope: Scope,
@@ -467,10 +715,14 @@ async fn authorize(
     .await
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CaptureRequest {
+    /// What to capture, in minor units; everything capturable when absent.
+    #[schema(schema_with = amount_or_null_schema)]
     amount: Option<u64>,
+    /// Whether this is the last capture, releasing what is left (the default); `false` keeps the rest
+    /// capturable.
     final_capture: Option<bool>,
 }
 
@@ -501,6 +753,21 @@ fn optional_amount(amount: Option<u64>) -> Result<Option<u64>, ApiError> {
     amount.map(|a| check_amount("amount", a)).transpose()
 }
 
+/// Captures some or all of an authorized payment; the capture is settled by the next settlement batch.
+#[utoipa::path(
+    post,
+    path = "/v1/payments/{id}/capture",
+    tag = TAG,
+    params(("id" = String, Path, description = PAYMENT_ID, pattern = "^pay_[0-9a-f]{40}$"), RequiredIdempotencyKey),
+    request_body = Option<CaptureRequest>,
+    responses(
+        (status = 200, description = "Durable; the payment after it (`captured` once nothing more can be captured).", body = PaymentAnswer),
+        (status = 400, description = "`amount_too_large`: more than the payment can still capture; `idempotency_key_required`: no `Idempotency-Key`; `bad_request`: the body is not JSON of this shape, the amount is out of range or the `Idempotency-Key` is malformed.", body = ErrorBody),
+        (status = 404, description = PAYMENT_NOT_FOUND, body = ErrorBody),
+        (status = 409, description = "`unexpected_state`: the payment is not `authorized`; `in_flight`: a request with this `Idempotency-Key` is still being made durable, retry shortly.", body = ErrorBody),
+        (status = 422, description = KEY_REUSED, body = ErrorBody),
+    ),
+)]
 async fn capture(
     State(payments): Shared,
     scope: Scope,
@@ -525,10 +792,27 @@ async fn capture(
     .await
 }
 
-#[derive(Deserialize)]
+/// No fields.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct Empty {}
 
+/// Cancels an authorized or captured payment: the hold is released and captures not settled yet are
+/// voided.
+#[utoipa::path(
+    post,
+    path = "/v1/payments/{id}/cancel",
+    tag = TAG,
+    params(("id" = String, Path, description = PAYMENT_ID, pattern = "^pay_[0-9a-f]{40}$"), RequiredIdempotencyKey),
+    request_body = Option<Empty>,
+    responses(
+        (status = 200, description = "Durable; the payment, `canceled`.", body = PaymentAnswer),
+        (status = 400, description = "`idempotency_key_required`: no `Idempotency-Key`; `bad_request`: the body is not `{}` or the `Idempotency-Key` is malformed.", body = ErrorBody),
+        (status = 404, description = PAYMENT_NOT_FOUND, body = ErrorBody),
+        (status = 409, description = "`unexpected_state`: the payment is neither `authorized` nor `captured`; `capture_settled`: a capture has settled, refund it instead; `settlement_in_progress`: a capture is in a settlement batch being written, retry after it; `in_flight`: a request with this `Idempotency-Key` is still being made durable, retry shortly.", body = ErrorBody),
+        (status = 422, description = KEY_REUSED, body = ErrorBody),
+    ),
+)]
 async fn cancel(
     State(payments): Shared,
     scope: Scope,
@@ -547,12 +831,28 @@ async fn cancel(
     .await
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct RefundRequest {
+    /// What to refund, in minor units; everything refundable when absent.
+    #[schema(schema_with = amount_or_null_schema)]
     amount: Option<u64>,
 }
 
+/// Refunds some or all of a payment's settled captures.
+#[utoipa::path(
+    post,
+    path = "/v1/payments/{id}/refunds",
+    tag = TAG,
+    params(("id" = String, Path, description = PAYMENT_ID, pattern = "^pay_[0-9a-f]{40}$"), RequiredIdempotencyKey),
+    request_body = Option<RefundRequest>,
+    responses(
+        (status = 200, description = "Durable; the payment after it.", body = PaymentAnswer),
+        (status = 400, description = "`amount_too_large`: more than the settled captures minus the refunds, or nothing is left to refund; `idempotency_key_required`: no `Idempotency-Key`; `bad_request`: the body is not JSON of this shape, the amount is out of range or the `Idempotency-Key` is malformed.", body = ErrorBody),
+        (status = 404, description = PAYMENT_NOT_FOUND, body = ErrorBody),
+        (status = 422, description = KEY_REUSED, body = ErrorBody),
+    ),
+)]
 async fn refund(
     State(payments): Shared,
     scope: Scope,
@@ -576,6 +876,17 @@ async fn refund(
     .await
 }
 
+/// A payment, as its partition holds it now.
+#[utoipa::path(
+    get,
+    path = "/v1/payments/{id}",
+    tag = TAG,
+    params(("id" = String, Path, description = PAYMENT_ID, pattern = "^pay_[0-9a-f]{40}$")),
+    responses(
+        (status = 200, description = "The payment.", body = PaymentAnswer),
+        (status = 404, description = PAYMENT_NOT_FOUND, body = ErrorBody),
+    ),
+)]
 async fn get_payment(
     State(payments): Shared,
     scope: Scope,
@@ -587,13 +898,13 @@ async fn get_payment(
         .engine
         .query_archive(partition, APP_ID, move |s: &PaymentsState, archive| {
             s.find_payment(&id, |key| archive.get(key))
-                .map(|found| found.as_ref().map(payment_json))
+                .map(|found| found.as_ref().map(PaymentAnswer::from))
         })
         .await?
         .map_err(ApiError::archive)?;
-    let body = found.ok_or_else(|| refusal(Refusal::NotFound, Some(id)))?;
-    scope.permits(body["merchant"].as_str().unwrap_or_default())?;
-    Ok(json_response(StatusCode::OK, &body))
+    let answer = found.ok_or_else(|| refusal(Refusal::NotFound, Some(id)))?;
+    scope.permits(&answer.merchant)?;
+    Ok(json_response(StatusCode::OK, &answer))
 }
 
 fn query_error(e: axum::extract::rejection::QueryRejection) -> ApiError {
@@ -609,17 +920,45 @@ fn page_limit(limit: Option<usize>) -> Result<usize, ApiError> {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct ListQuery {
+    /// Only this merchant's payments (a merchant's key lists only its own, named or not).
     merchant: Option<String>,
+    #[param(schema_with = status_schema)]
     status: Option<String>,
-    /// Unix seconds: payments created after this second.
+    /// Unix seconds: only payments created after this second.
     created_after: Option<u64>,
+    /// The last payment of the previous page: this page goes on after it (from the top if the server
+    /// does not know it).
+    #[param(pattern = "^pay_[0-9a-f]{40}$")]
     starting_after: Option<String>,
+    #[param(schema_with = page_limit_schema)]
     limit: Option<usize>,
 }
 
+/// A page of payments, newest first.
+#[derive(Serialize, ToSchema)]
+struct PaymentList {
+    object: ListObject,
+    data: Vec<PaymentAnswer>,
+    /// Whether more payments follow: ask again with `starting_after` the last one's id.
+    has_more: bool,
+}
+
+/// Lists payments, newest first, from the read model: a payment may appear a moment after it was
+/// written; each payment shown is read from its partition.
+#[utoipa::path(
+    get,
+    path = "/v1/payments",
+    tag = TAG,
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of payments.", body = PaymentList),
+        (status = 400, description = "`bad_request`: a query value is malformed or out of range, or a query parameter is unknown.", body = ErrorBody),
+    ),
+)]
 async fn list(
     State(payments): Shared,
     scope: Scope,
@@ -678,14 +1017,16 @@ async fn list(
     .map_err(read_model_error)?
     .map_err(read_model_error)?;
     let mut found = fetch_payments(&payments, &page.ids).await?;
-    let data: Vec<Value> = (page.ids.iter())
+    let data = (page.ids.iter())
         .filter_map(|id| found.remove(id))
-        .map(|p| payment_json(&p))
+        .map(|p| PaymentAnswer::from(&p))
         .collect();
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({"object": "list", "data": data, "has_more": page.has_more}),
-    ))
+    let answer = PaymentList {
+        object: ListObject::List,
+        data,
+        has_more: page.has_more,
+    };
+    Ok(json_response(StatusCode::OK, &answer))
 }
 
 /// The payments `ids` as their partitions hold them (in memory or archived), wherever those partitions
@@ -743,13 +1084,66 @@ fn parse_cursor(text: &str) -> Option<Vec<Option<FeedPosition>>> {
         .collect()
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct EventsQuery {
+    /// `next_cursor` of the previous page; absent or empty to start from the oldest event kept.
     after: Option<String>,
+    #[param(schema_with = page_limit_schema)]
     limit: Option<usize>,
 }
 
+/// A page of the events feed.
+#[derive(Serialize, ToSchema)]
+struct EventList {
+    object: ListObject,
+    data: Vec<EventAnswer>,
+    /// Whether more events follow now.
+    has_more: bool,
+    /// Where the next page starts: pass it as `after`, also to poll for events to come.
+    next_cursor: String,
+}
+
+#[derive(Serialize, ToSchema)]
+struct EventAnswer {
+    #[schema(pattern = "^evt_[0-9]+_[0-9]+_[0-9]+$")]
+    id: String,
+    /// `payment.authorized`, `payment.declined`, `payment.capture_requested`, `payment.canceled`,
+    /// `payment.refunded`, `payment.expired`, `capture.succeeded` or `capture.failed`.
+    #[serde(rename = "type")]
+    kind: &'static str,
+    /// Unix seconds.
+    created: u64,
+    /// The id of the payment it is about.
+    #[schema(pattern = "^pay_[0-9a-f]{40}$")]
+    payment: String,
+    /// The id of the capture a `capture.*` event is about; null for the others (and while
+    /// `data.object` is null).
+    #[schema(pattern = "^cap_[0-9a-f]{40}_[0-9]+$")]
+    capture: Option<String>,
+    data: EventData,
+}
+
+#[derive(Serialize, ToSchema)]
+struct EventData {
+    /// The payment as it is now (not as it was at the event); null if its partition does not know it.
+    object: Option<PaymentAnswer>,
+}
+
+/// The events of every payment, oldest first, from the read model (bounded: the oldest are dropped).
+/// Events of different partitions have no order between them beyond their times; the cursor is exact.
+#[utoipa::path(
+    get,
+    path = "/v1/events",
+    tag = TAG,
+    params(EventsQuery),
+    responses(
+        (status = 200, description = "A page of events.", body = EventList),
+        (status = 400, description = "`bad_request`: `after` is not a cursor, `limit` is out of range, or a query parameter is unknown.", body = ErrorBody),
+        (status = 410, description = "`cursor_expired`: events after this cursor are no longer kept; start again without `after`.", body = ErrorBody),
+    ),
+)]
 async fn events(
     State(payments): Shared,
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
@@ -788,50 +1182,86 @@ async fn events(
     .map_err(read_model_error)??;
     let ids: Vec<PaymentId> = events.iter().map(|(_, e)| e.payment).collect();
     let found = fetch_payments(&payments, &ids).await?;
-    let data: Vec<Value> = (events.iter())
+    let data = (events.iter())
         .map(|(partition, e)| {
             let payment = found.get(&e.payment);
-            json!({
-                "id": format!("evt_{partition}_{}_{}", e.position.0, e.position.1),
-                "type": e.kind.name(),
-                "created": seconds(e.created_ms),
-                "payment": e.payment.to_string(),
-                "capture": e.capture.zip(payment).map(|(c, p)| p.capture_id(usize::from(c))),
-                "data": {"object": payment.map(payment_json)},
-            })
+            EventAnswer {
+                id: format!("evt_{partition}_{}_{}", e.position.0, e.position.1),
+                kind: e.kind.name(),
+                created: seconds(e.created_ms),
+                payment: e.payment.to_string(),
+                capture: e
+                    .capture
+                    .zip(payment)
+                    .map(|(c, p)| p.capture_id(usize::from(c))),
+                data: EventData {
+                    object: payment.map(PaymentAnswer::from),
+                },
+            }
         })
         .collect();
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({
-            "object": "list",
-            "data": data,
-            "has_more": has_more,
-            "next_cursor": format_cursor(&cursor),
-        }),
-    ))
+    let answer = EventList {
+        object: ListObject::List,
+        data,
+        has_more,
+        next_cursor: format_cursor(&cursor),
+    };
+    Ok(json_response(StatusCode::OK, &answer))
 }
 
-pub fn reference_json(reference: &ReferenceData) -> Value {
-    let mut suspended: Vec<&String> = reference
-        .merchants
-        .iter()
-        .filter(|(_, m)| m.suspended)
-        .map(|(name, _)| name)
-        .collect();
-    suspended.sort();
-    json!({
-        "version": reference.version,
-        "merchants": reference.merchants.len(),
-        "suspended_merchants": suspended,
-        "tax_rates": reference.tax_rates.len(),
-        "features": {
-            "fraud_scoring": reference.features.fraud_scoring,
-            "decline_on_fraud": reference.features.decline_on_fraud,
-        },
-    })
+/// The reference data in force, summed up.
+#[derive(Serialize, ToSchema)]
+struct ReferenceAnswer {
+    /// 1 at start, one more per reload.
+    version: u64,
+    /// Merchants known.
+    merchants: usize,
+    /// Merchants whose captures fail at settlement, by name.
+    suspended_merchants: Vec<String>,
+    /// (category, jurisdiction) pairs with a tax rate.
+    tax_rates: usize,
+    features: FeaturesAnswer,
 }
 
+#[derive(Serialize, ToSchema)]
+struct FeaturesAnswer {
+    /// Whether authorizations are scored by the fraud rules.
+    fraud_scoring: bool,
+    /// Whether a fraud rule that fires declines (else it is only recorded, as `fraud_rule`).
+    decline_on_fraud: bool,
+}
+
+impl From<&ReferenceData> for ReferenceAnswer {
+    fn from(reference: &ReferenceData) -> Self {
+        let mut suspended_merchants: Vec<String> = (reference.merchants.iter())
+            .filter(|(_, m)| m.suspended)
+            .map(|(name, _)| name.clone())
+            .collect();
+        suspended_merchants.sort();
+        Self {
+            version: reference.version,
+            merchants: reference.merchants.len(),
+            suspended_merchants,
+            tax_rates: reference.tax_rates.len(),
+            features: FeaturesAnswer {
+                fraud_scoring: reference.features.fraud_scoring,
+                decline_on_fraud: reference.features.decline_on_fraud,
+            },
+        }
+    }
+}
+
+/// Reads the reference data (merchants, tax rates, feature switches) again from its files; requests
+/// already under way finish with the version they started with.
+#[utoipa::path(
+    post,
+    path = "/admin/reload",
+    tag = TAG,
+    responses(
+        (status = 200, description = "The reference data now in force.", body = ReferenceAnswer),
+        (status = 422, description = "`reload_failed`: the files could not be read or are invalid; the previous reference data stays in force.", body = ErrorBody),
+    ),
+)]
 async fn reload(State(payments): Shared) -> Result<Response, ApiError> {
     let data = payments.reference.reload().map_err(|e| {
         ApiError::new(
@@ -841,16 +1271,36 @@ async fn reload(State(payments): Shared) -> Result<Response, ApiError> {
         )
     })?;
     tracing::info!(version = data.version, "payments reference data reloaded");
-    Ok(json_response(StatusCode::OK, &reference_json(&data)))
-}
-
-async fn reference_summary(State(payments): Shared) -> Response {
-    json_response(
+    Ok(json_response(
         StatusCode::OK,
-        &reference_json(&payments.reference.current()),
-    )
+        &ReferenceAnswer::from(&*data),
+    ))
 }
 
+/// The reference data in force.
+#[utoipa::path(
+    get,
+    path = "/admin/reference",
+    tag = TAG,
+    responses((status = 200, description = "The reference data in force.", body = ReferenceAnswer)),
+)]
+async fn reference_summary(State(payments): Shared) -> Response {
+    let answer = ReferenceAnswer::from(&*payments.reference.current());
+    json_response(StatusCode::OK, &answer)
+}
+
+/// Settles now: finishes the batches a failed run left open, then puts every pending capture in a new
+/// batch, writes its files (one per merchant and currency) and marks its captures `succeeded` (or
+/// `failed`, for a suspended merchant).
+#[utoipa::path(
+    post,
+    path = "/admin/settlements",
+    tag = TAG,
+    responses(
+        (status = 200, description = "The batches finished and written by this run.", body = SettleReport),
+        (status = 503, description = "`settlement_failed`: the run stopped (a partition unavailable, a file not written); run it again, open batches are finished first. Or the server cannot take the request now; retry after `Retry-After`.", body = ErrorBody),
+    ),
+)]
 async fn settle(State(payments): Shared) -> Result<Response, ApiError> {
     let report = payments.settler.run().await.map_err(|e| {
         ApiError::new(
@@ -862,7 +1312,26 @@ async fn settle(State(payments): Shared) -> Result<Response, ApiError> {
     Ok(json_response(StatusCode::OK, &report))
 }
 
+/// A batch and the files written for it.
+#[derive(Serialize, ToSchema)]
+struct BatchFiles {
+    #[schema(pattern = "^stl_[0-9]+$")]
+    batch: String,
+    files: Vec<FileReport>,
+}
+
 /// Writes a batch's files again from the journaled batch: the same bytes as the first time.
+#[utoipa::path(
+    post,
+    path = "/admin/settlements/{batch}/files",
+    tag = TAG,
+    params(("batch" = String, Path, description = "The batch's id: `stl_` and its cutoff in Unix milliseconds.", pattern = "^stl_[0-9]+$")),
+    responses(
+        (status = 200, description = "The files, written again.", body = BatchFiles),
+        (status = 404, description = "`not_found`: no batch with captures has this id, or it is not a batch id.", body = ErrorBody),
+        (status = 503, description = "`settlement_failed`: a partition could not be read or a file not written; try again. Or the server cannot take the request now; retry after `Retry-After`.", body = ErrorBody),
+    ),
+)]
 async fn regenerate(
     State(payments): Shared,
     Path(batch): Path<String>,
@@ -883,10 +1352,7 @@ async fn regenerate(
             "no batch {batch} with captures"
         )));
     }
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({"batch": batch, "files": files}),
-    ))
+    Ok(json_response(StatusCode::OK, &BatchFiles { batch, files }))
 }
 
 #[cfg(test)]
@@ -902,6 +1368,33 @@ mod tests {
             "invalid type: integer `[redacted]`, expected a string at line 1 column 40"
         );
         assert_eq!(redact_digits("12345 and 123456"), "12345 and [redacted]");
+    }
+
+    /// The message of `parse_body`'s refusal of `body` as a `T`.
+    fn refusal_of<T: DeserializeOwned>(body: &[u8]) -> String {
+        match parse_body::<T>(body) {
+            Ok(_) => panic!("{} was taken", String::from_utf8_lossy(body)),
+            Err(error) => error.message,
+        }
+    }
+
+    #[test]
+    fn bodies_are_objects_not_arrays_of_their_fields() {
+        let not_object = "expected a JSON object";
+        assert!(refusal_of::<CaptureRequest>(b"[null, null]").contains(not_object));
+        assert!(refusal_of::<RefundRequest>(b"[5]").contains(not_object));
+        assert!(refusal_of::<Empty>(b"[]").contains(not_object));
+        let card_as_array = br#"{"amount": 100, "currency": "usd", "merchant": "acme_shop",
+            "card": ["0", 1, 2030, "123"], "tax": {"category": "general", "jurisdiction": "US-CA"}}"#;
+        assert!(refusal_of::<AuthorizeRequest>(card_as_array).contains(not_object));
+        let tax_as_array = br#"{"amount": 100, "currency": "usd", "merchant": "acme_shop",
+            "card": {"number": "0", "exp_month": 1, "exp_year": 2030, "cvc": "123"},
+            "tax": ["general", "US-CA"]}"#;
+        assert!(refusal_of::<AuthorizeRequest>(tax_as_array).contains(not_object));
+        let capture: CaptureRequest =
+            parse_body(br#"{"amount": 5, "final_capture": null}"#).unwrap();
+        assert_eq!((capture.amount, capture.final_capture), (Some(5), None));
+        let Empty {} = parse_body(b" ").unwrap();
     }
 
     #[test]

@@ -125,8 +125,7 @@ pub fn module(config: PaymentsConfig) -> Result<AppModule, String> {
                 reference,
                 model,
                 settler,
-            }))
-            .into())
+            })))
         }),
         access: ROUTE_ACCESS,
         message_only_error_paths: &[],

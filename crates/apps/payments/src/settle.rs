@@ -24,26 +24,34 @@ const CAPTURES_PER_COMMAND_MAX: u32 = 50_000;
 const DETAILS_PER_QUERY_MAX: u64 = 100_000;
 const OVERLOAD_RETRIES_MAX: u32 = 100;
 
-#[derive(Debug, Serialize)]
+/// A settlement file written.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct FileReport {
+    /// Where it is on the server.
+    #[schema(value_type = String)]
     pub path: PathBuf,
     pub merchant: String,
     pub currency: String,
+    /// Captures in it.
     pub records: u64,
+    /// The sum of their amounts, in minor units.
     pub amount_total: u64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct BatchReport {
+    #[schema(pattern = "^stl_[0-9]+$")]
     pub batch: String,
     /// A batch a crashed run left open, finished now.
     pub recovered: bool,
+    /// Captures settled in it.
     pub captures: u64,
+    /// Captures that failed (a suspended merchant's).
     pub failed: u64,
     pub files: Vec<FileReport>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct SettleReport {
     pub batches: Vec<BatchReport>,
 }
