@@ -304,6 +304,10 @@ pub enum Refusal {
     /// A capture of the payment is in a settlement batch being written.
     SettlementInProgress,
     Malformed(String),
+    /// The payment has as many captures as a payment may have.
+    TooManyCaptures {
+        captures_max: u32,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

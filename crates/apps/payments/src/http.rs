@@ -490,6 +490,11 @@ fn refusal(refusal: Refusal, id: Option<PaymentId>) -> ApiError {
             format!("a capture of {name} is in a settlement batch being written; retry after it"),
         ),
         Refusal::Malformed(message) => ApiError::bad_request(message),
+        Refusal::TooManyCaptures { captures_max } => ApiError::new(
+            StatusCode::CONFLICT,
+            "too_many_captures",
+            format!("{name} has {captures_max} captures, as many as a payment may have"),
+        ),
     }
 }
 
@@ -764,7 +769,7 @@ fn optional_amount(amount: Option<u64>) -> Result<Option<u64>, ApiError> {
         (status = 200, description = "Durable; the payment after it (`captured` once nothing more can be captured).", body = PaymentAnswer),
         (status = 400, description = "`amount_too_large`: more than the payment can still capture; `idempotency_key_required`: no `Idempotency-Key`; `bad_request`: the body is not JSON of this shape, the amount is out of range or the `Idempotency-Key` is malformed.", body = ErrorBody),
         (status = 404, description = PAYMENT_NOT_FOUND, body = ErrorBody),
-        (status = 409, description = "`unexpected_state`: the payment is not `authorized`; `in_flight`: a request with this `Idempotency-Key` is still being made durable, retry shortly.", body = ErrorBody),
+        (status = 409, description = "`unexpected_state`: the payment is not `authorized`; `too_many_captures`: the payment has 1,000 captures, as many as a payment may have; `in_flight`: a request with this `Idempotency-Key` is still being made durable, retry shortly.", body = ErrorBody),
         (status = 422, description = KEY_REUSED, body = ErrorBody),
     ),
 )]

@@ -27,6 +27,10 @@ use std::sync::Arc;
 
 pub mod archive;
 mod snapshot;
+/// Captures one payment may have: a capture is found in the settlement spool by its index in the
+/// payment (a `u16`), and a payment with thousands of partial captures is a client's loop, not a sale.
+pub const CAPTURES_PER_PAYMENT_MAX: usize = 1_000;
+
 use archive::{PaymentsArchive, batch_key, decode_batch, is_final, latest_archived, payment_key};
 use snapshot::{BatchesCursor, PAYMENT_SEGMENTS, Payments};
 
@@ -194,7 +198,8 @@ impl PaymentsState {
                         capture.seq,
                         CaptureRef {
                             payment: payment.id,
-                            index: index as u16,
+                            index: u16::try_from(index)
+                                .expect("captures per payment are bounded below u16::MAX"),
                         },
                     );
                 }
@@ -551,6 +556,11 @@ impl PaymentsState {
         if amount > capturable {
             return Reply::Refused(Refusal::ExceedsCapturable { capturable });
         }
+        if payment.captures.len() >= CAPTURES_PER_PAYMENT_MAX {
+            return Reply::Refused(Refusal::TooManyCaptures {
+                captures_max: CAPTURES_PER_PAYMENT_MAX as u32,
+            });
+        }
         let seq = self.ledger.next_capture_seq;
         self.ledger.next_capture_seq += 1;
         payment.captures.push(Capture {
@@ -564,7 +574,8 @@ impl PaymentsState {
             seq,
             CaptureRef {
                 payment: id,
-                index: (payment.captures.len() - 1) as u16,
+                index: u16::try_from(payment.captures.len() - 1)
+                    .expect("captures per payment are bounded below u16::MAX"),
             },
         );
         payment.amount_capturable -= amount;

@@ -198,6 +198,30 @@ fn partial_captures_then_final_capture_close_the_authorization() {
     assert_eq!(s.spooled(), 2);
 }
 
+/// Found by reading the code while describing the API: a capture's place in its payment was kept as a
+/// `u16`, with no bound on captures, so the 65,537th would have pointed at the first and settled it
+/// twice. A payment takes at most `CAPTURES_PER_PAYMENT_MAX`; the next is refused and changes nothing.
+#[test]
+fn a_payment_takes_a_bounded_number_of_captures() {
+    let mut s = state();
+    let t = START_MS;
+    let amount = CAPTURES_PER_PAYMENT_MAX as u64 + 10;
+    run(&mut s, authorize(1, amount), t);
+    for n in 0..CAPTURES_PER_PAYMENT_MAX as u64 {
+        payment(run(&mut s, capture(1, Some(1), false), t + 1 + n));
+    }
+    let reply = run(&mut s, capture(1, Some(1), false), t + 2_000);
+    assert_eq!(
+        reply,
+        Reply::Refused(Refusal::TooManyCaptures {
+            captures_max: CAPTURES_PER_PAYMENT_MAX as u32
+        })
+    );
+    let p = s.payment(&id(1)).expect("still live").clone();
+    assert_eq!((p.status, p.amount_capturable), (Status::Authorized, 10));
+    assert_eq!(s.spooled(), CAPTURES_PER_PAYMENT_MAX);
+}
+
 #[test]
 fn automatic_capture_spools_the_whole_amount_with_the_authorization() {
     let mut s = state();
