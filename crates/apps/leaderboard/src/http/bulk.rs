@@ -89,8 +89,10 @@ struct BulkReply<'a> {
     results: Vec<BulkResult<'a>>,
 }
 
-/// Updates scores on several boards in one request. Every update is checked before any is applied; then
-/// each board's updates apply in the request's order, and one board's failure does not stop the others'.
+/// Updates scores on several boards in one request.
+///
+/// Every update is checked before any is applied; then each board's updates apply in the request's
+/// order, and one board's failure does not stop the others'.
 #[utoipa::path(
     post,
     path = "/leaderboards/scores",

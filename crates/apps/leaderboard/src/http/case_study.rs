@@ -171,8 +171,9 @@ async fn case_study_list_boards(
     Ok(json(StatusCode::OK, &listing))
 }
 
-/// Creates a board named in the query or the body. Its ties are broken at random, as the case study's
-/// were.
+/// Creates a board named in the query or the body.
+///
+/// Its ties are broken at random, as the case study's were.
 #[utoipa::path(
     post,
     path = "/leaderboard",

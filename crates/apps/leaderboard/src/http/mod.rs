@@ -24,7 +24,9 @@ use spate_engine::{CommandId, EngineHandle, Pending};
 use spate_server::ApiError;
 use spate_server::api::{ErrorBody, ErrorDetail, IdempotencyKey, command_id, json, reply_bytes};
 use spate_server::openapi::AppRouter;
-use utoipa::openapi::path::{Parameter, ParameterIn};
+use utoipa::openapi::Required;
+use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn, ParameterStyle};
+use utoipa::openapi::schema::ArrayBuilder;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::routes;
 
@@ -146,7 +148,8 @@ struct AroundQuery {
     k: Option<String>,
 }
 
-/// One member on several boards.
+/// One member on several boards. Both are required; optional here so that a missing one gets the
+/// handler's message rather than the query parser's.
 #[derive(Deserialize)]
 struct RanksQuery {
     member: Option<String>,
@@ -155,8 +158,6 @@ struct RanksQuery {
 
 impl IntoParams for RanksQuery {
     fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
-        use utoipa::openapi::path::{ParameterBuilder, ParameterStyle};
-        use utoipa::openapi::{Required, schema::ArrayBuilder};
         let boards = ArrayBuilder::new()
             .items(parse::name_schema())
             .min_items(Some(1))
@@ -167,7 +168,9 @@ impl IntoParams for RanksQuery {
                 .name("boards")
                 .parameter_in(ParameterIn::Query)
                 .required(Required::True)
-                .description(Some("The boards' names, separated by commas: at most 64."))
+                .description(Some(format!(
+                    "The boards' names, separated by commas: at most {BOARDS_PER_QUERY_MAX}."
+                )))
                 .style(Some(ParameterStyle::Form))
                 .explode(Some(false))
                 .schema(Some(boards))
@@ -304,8 +307,8 @@ enum BoardRank<'a> {
     },
     Failed {
         board: &'a str,
-        /// `not_found` (no such board, or the member has no score on it), `bad_request` or an
-        /// unavailable partition's code.
+        /// `not_found` (no such board, or the member has no score on it), or the code of the 503 of a
+        /// partition that cannot answer now (`overloaded`, `partition_moving`, ...).
         error: ErrorDetail,
     },
 }

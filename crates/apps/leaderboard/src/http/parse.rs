@@ -179,7 +179,9 @@ pub(super) fn name_schema() -> RefOr<Schema> {
         .into()
 }
 
-/// The description of a path or query parameter that is a name.
+/// The description of a path or query parameter that is a name. The structs of such parameters
+/// implement `IntoParams` with it: derived, their schema would be a copy of [`name_schema`] in literals
+/// (the derive's `schema_with` drops the parameter's description and `required`).
 pub(super) fn name_param(
     name: &str,
     parameter_in: ParameterIn,
