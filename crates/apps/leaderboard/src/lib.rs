@@ -39,7 +39,7 @@ pub fn module() -> AppModule {
     };
     AppModule {
         spec,
-        routes: Box::new(|engine, _| Ok(http::routes(engine).into())),
+        routes: Box::new(|engine, _| Ok(http::routes(engine))),
         access: spate_server::access::RouteAccess::default(),
         message_only_error_paths: &[],
     }

@@ -42,6 +42,7 @@ pub const ENDPOINTS: &[(&str, &str, &str, Need)] = &[
     ("GET", "/leaderboard/b", "leaderboard", Read),
     ("GET", "/leaderboard/b/m", "leaderboard", Read),
     ("PUT", "/leaderboard/b/m", "leaderboard", Write),
+    ("PATCH", "/leaderboard/b/m", "leaderboard", Write),
     (
         "POST",
         "/skiers/1/seasons/2024/days/1/skiers/5",

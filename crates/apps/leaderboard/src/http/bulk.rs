@@ -1,75 +1,115 @@
 //! `POST /leaderboards/scores`: many updates on many boards in one request (the case study's bulk body).
 
-use super::parse::{Score, name_error, parse_body, parse_operator, valid_name};
-use super::{APP_NAME, UPDATES_PER_REQUEST_MAX, enqueue, internal, outcome};
+use super::parse::{
+    Score, name_error, optional_operator_schema, parse_body, parse_operator, valid_name,
+};
+use super::{APP_NAME, DecimalScore, TAG, UPDATES_PER_REQUEST_MAX, enqueue, internal, outcome};
 use crate::command::{Command, ItemResult, Outcome, UpdateItem};
+use axum::body::Bytes;
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use spate_engine::EngineHandle;
 use spate_server::ApiError;
-use spate_server::api::{command_id, json};
+use spate_server::api::{ErrorBody, IdempotencyKey, command_id, json};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use utoipa::ToSchema;
 
-/// The case study's (and our) bulk body, borrowed from the request bytes: no allocation per update.
-#[derive(Deserialize)]
+/// Score updates on several boards (the case study's bulk body).
+// Borrowed from the request bytes: no allocation per update.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct BulkBody<'a> {
+    /// At most 10,000 updates in all.
     #[serde(borrow)]
     leaderboards: Vec<BulkBoard<'a>>,
 }
 
-#[derive(Deserialize)]
+/// Updates on one board.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct BulkBoard<'a> {
+    /// The board's name.
     #[serde(borrow)]
+    #[schema(schema_with = super::parse::name_schema)]
     leaderboard_id: Cow<'a, str>,
     #[serde(borrow)]
+    #[schema(max_items = 10_000)]
     scores: Vec<BulkScore<'a>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct BulkScore<'a> {
+    /// The member's name.
     #[serde(borrow)]
+    #[schema(schema_with = super::parse::name_schema)]
     member_id: Cow<'a, str>,
     score: Score,
+    /// How `score` combines with the member's score: the board's operator when absent.
     #[serde(borrow)]
+    #[schema(schema_with = optional_operator_schema, required = false)]
     mode: Option<Cow<'a, str>>,
 }
 
-/// One update's result in a bulk reply.
-#[derive(Serialize)]
+/// One update's result in a bulk reply: the member's new score, or the error.
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct BulkResult<'a> {
     leaderboard_id: &'a str,
     member_id: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "decimal")]
-    score: Option<i128>,
+    /// The member's score after the update, if it succeeded.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    score: Option<DecimalScore>,
+    /// Why the update failed, if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     error: Option<BulkError>,
 }
 
-#[derive(Serialize, Clone)]
+#[derive(Serialize, ToSchema, Clone)]
 struct BulkError {
+    /// `not_found` (no such board), `score_out_of_range` (the new score would leave the signed 128-bit
+    /// range; unchanged), `board_full`, `unavailable` (the board's partition cannot take updates now;
+    /// retry) or `error` (another failure, such as this `Idempotency-Key` used with another body).
     code: &'static str,
     message: String,
 }
 
-fn decimal<S: serde::Serializer>(score: &Option<i128>, serializer: S) -> Result<S::Ok, S::Error> {
-    match score {
-        Some(score) => serializer.collect_str(score),
-        None => serializer.serialize_none(),
-    }
+#[derive(Serialize, ToSchema)]
+struct BulkReply<'a> {
+    /// Updates applied.
+    updated: usize,
+    /// Updates refused; each result says why.
+    failed: usize,
+    /// One per update, in the request's order.
+    results: Vec<BulkResult<'a>>,
 }
 
-/// One command per board, queued together; results come back in the request's order.
-pub(super) async fn bulk_update(
-    engine: EngineHandle,
+/// Updates scores on several boards in one request.
+///
+/// Every update is checked before any is applied; then each board's updates apply in the request's
+/// order, and one board's failure does not stop the others'.
+#[utoipa::path(
+    post,
+    path = "/leaderboards/scores",
+    tag = TAG,
+    params(IdempotencyKey),
+    request_body = BulkBody,
+    responses(
+        (status = 200, description = "Every update that succeeded is durable; each result says how it went.", body = BulkReply),
+        (status = 400, description = "The body is malformed, a name or mode invalid, a score beyond 128 bits, or there are more than 10,000 updates; nothing was applied.", body = ErrorBody),
+    ),
+)]
+pub(super) async fn bulk_update_scores(
+    State(engine): State<EngineHandle>,
     headers: HeaderMap,
-    bytes: axum::body::Bytes,
+    bytes: Bytes,
 ) -> Result<Response, ApiError> {
+    // One command per board, queued together; results come back in the request's order.
     let body: BulkBody<'_> = parse_body(&bytes)?;
     let total: usize = body.leaderboards.iter().map(|b| b.scores.len()).sum();
     if total > UPDATES_PER_REQUEST_MAX {
@@ -148,7 +188,7 @@ pub(super) async fn bulk_update(
             let (score, error) = match (&board_error, &outcome) {
                 (Some(error), _) => (None, Some(error.clone())),
                 (None, Ok(Outcome::Updated { items: scored, .. })) => match scored[index] {
-                    ItemResult::Scored { score, .. } => (Some(score), None),
+                    ItemResult::Scored { score, .. } => (Some(DecimalScore(score)), None),
                     ItemResult::Overflow => (
                         None,
                         Some(BulkError {
@@ -177,13 +217,7 @@ pub(super) async fn bulk_update(
             });
         }
     }
-    #[derive(Serialize)]
-    struct Reply<'a> {
-        updated: usize,
-        failed: usize,
-        results: Vec<BulkResult<'a>>,
-    }
-    let reply = Reply {
+    let reply = BulkReply {
         updated: total - failed,
         failed,
         results: results
@@ -192,4 +226,17 @@ pub(super) async fn bulk_update(
             .collect(),
     };
     Ok(json(StatusCode::OK, &reply))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use utoipa::PartialSchema;
+
+    #[test]
+    fn the_described_limit_is_the_enforced_one() {
+        let board = serde_json::to_value(BulkBoard::schema()).unwrap();
+        let described = &board["properties"]["scores"]["maxItems"];
+        assert_eq!(described, &serde_json::json!(UPDATES_PER_REQUEST_MAX));
+    }
 }

@@ -10,18 +10,25 @@ use crate::board::{Board, BoardConfig, Cursor, Operator, Order, Season, Standing
 use crate::command::{Command, ItemResult, Outcome, UpdateItem};
 use crate::state::{BOARDS_QUERY, BoardSummary, LeaderboardState};
 use crate::{APP_ID, APP_NAME};
-use axum::Router;
-use axum::extract::{Path, Query};
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use parse::{Score, check_name, param_number, param_season, parse_body, parse_operator};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use parse::{
+    Score, check_name, name_param, operator_schema, optional_operator_schema,
+    optional_order_schema, optional_ties_schema, order_schema, param_number, param_season,
+    parse_body, parse_operator, ties_schema,
+};
+use serde::{Deserialize, Serialize};
 use spate_engine::{CommandId, EngineHandle, Pending};
 use spate_server::ApiError;
-use spate_server::api::{command_id, json, reply_bytes};
-use std::collections::HashMap;
+use spate_server::api::{ErrorBody, ErrorDetail, IdempotencyKey, command_id, json, reply_bytes};
+use spate_server::openapi::AppRouter;
+use utoipa::openapi::Required;
+use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn, ParameterStyle};
+use utoipa::openapi::schema::ArrayBuilder;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::routes;
 
 /// Most score updates in one request; larger batches are refused with 400 before anything is applied.
 pub const UPDATES_PER_REQUEST_MAX: usize = crate::command::UPDATES_PER_COMMAND_MAX;
@@ -29,10 +36,15 @@ pub const UPDATES_PER_REQUEST_MAX: usize = crate::command::UPDATES_PER_COMMAND_M
 pub const PAGE_LIMIT_MAX: usize = 1_000;
 /// Most boards one multi-board rank query names.
 pub const BOARDS_PER_QUERY_MAX: usize = 64;
+/// Most standings `around` returns on each side of the member.
+const AROUND_MAX: usize = PAGE_LIMIT_MAX / 2;
+/// Largest page offset: half the address space, so that offset plus limit cannot overflow.
+const PAGE_OFFSET_MAX: usize = usize::MAX / 2;
 /// Board names that would collide with the API's own paths.
 const RESERVED_BOARD_NAMES: &[&str] = &["ranks", "scores"];
 
-type Params = Query<HashMap<String, String>>;
+/// The tag of leaderboard's routes in the API description.
+const TAG: &str = "leaderboard";
 
 fn internal(message: impl std::fmt::Display) -> ApiError {
     ApiError::new(
@@ -50,6 +62,255 @@ fn no_board(board: &str) -> ApiError {
     ApiError::not_found(format!(
         "no board {board:?}; create it with POST /leaderboards"
     ))
+}
+
+/// A score in an answer: a decimal string, exact beyond 2^53.
+#[derive(Debug, Clone, Copy)]
+struct DecimalScore(i128);
+
+impl Serialize for DecimalScore {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&self.0)
+    }
+}
+
+impl utoipa::PartialSchema for DecimalScore {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        parse::score_text_schema()
+    }
+}
+
+impl ToSchema for DecimalScore {}
+
+/// A board in the path.
+#[derive(Deserialize)]
+struct BoardPath {
+    board: String,
+}
+
+impl IntoParams for BoardPath {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        vec![board_param()]
+    }
+}
+
+/// A board and one of its members in the path.
+#[derive(Deserialize)]
+struct MemberPath {
+    board: String,
+    member: String,
+}
+
+impl IntoParams for MemberPath {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        vec![
+            board_param(),
+            name_param("member", ParameterIn::Path, "The member's name.", true),
+        ]
+    }
+}
+
+fn board_param() -> Parameter {
+    name_param("board", ParameterIn::Path, "The board's name.", true)
+}
+
+/// Which season a read is about.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct SeasonQuery {
+    /// The season's number, from 1; the current season when absent.
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 4_294_967_295_u64)]
+    season: Option<String>,
+}
+
+/// A page of a ranking: from the top, from an offset or after a cursor.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct PageQuery {
+    /// Standings to return, at most 1,000; 10 when absent.
+    #[param(value_type = Option<u32>, maximum = 1_000)]
+    limit: Option<String>,
+    /// Standings to skip from the top; 0 when absent. Not with `cursor`.
+    #[param(value_type = Option<u64>, maximum = 9_223_372_036_854_775_807_u64)]
+    offset: Option<String>,
+    /// The `next_cursor` of the previous page: this page starts right after where it ended, however
+    /// members moved since. Not with `offset`.
+    #[param(value_type = Option<String>, pattern = "^[0-9A-Fa-f]{56}$")]
+    cursor: Option<String>,
+}
+
+/// How many neighbours of a member to show.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct AroundQuery {
+    /// Standings to show on each side of the member, at most 500; 5 when absent.
+    #[param(value_type = Option<u32>, maximum = 500)]
+    k: Option<String>,
+}
+
+/// One member on several boards. Both are required; optional here so that a missing one gets the
+/// handler's message rather than the query parser's.
+#[derive(Deserialize)]
+struct RanksQuery {
+    member: Option<String>,
+    boards: Option<String>,
+}
+
+impl IntoParams for RanksQuery {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        let boards = ArrayBuilder::new()
+            .items(parse::name_schema())
+            .min_items(Some(1))
+            .max_items(Some(BOARDS_PER_QUERY_MAX));
+        vec![
+            name_param("member", ParameterIn::Query, "The member's name.", true),
+            ParameterBuilder::new()
+                .name("boards")
+                .parameter_in(ParameterIn::Query)
+                .required(Required::True)
+                .description(Some(format!(
+                    "The boards' names, separated by commas: at most {BOARDS_PER_QUERY_MAX}."
+                )))
+                .style(Some(ParameterStyle::Form))
+                .explode(Some(false))
+                .schema(Some(boards))
+                .build(),
+        ]
+    }
+}
+
+/// A board: its settings and the size of one season.
+#[derive(Serialize, ToSchema)]
+struct BoardAnswer<'a> {
+    name: &'a str,
+    /// Which scores rank first: `descending`, the highest; `ascending`, the lowest.
+    #[schema(schema_with = order_schema)]
+    order: &'static str,
+    /// How equal scores rank: `first`, whoever reached the score first; `random`, by a draw on each
+    /// update.
+    #[schema(schema_with = ties_schema)]
+    ties: &'static str,
+    /// How an update that names no operator combines with the member's score.
+    #[schema(schema_with = operator_schema)]
+    operator: &'static str,
+    /// The season described, from 1: the current one unless the request chose another.
+    season: u32,
+    /// Seasons so far; the last one is current.
+    seasons: u32,
+    /// Members with a score in `season`.
+    members: u64,
+    /// When `season` began, in milliseconds since the Unix epoch; only in the answer about one board.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    season_started_ms: Option<u64>,
+}
+
+impl<'a> BoardAnswer<'a> {
+    fn of(board: &'a BoardSummary) -> Self {
+        Self {
+            name: &board.name,
+            order: board.config.order.name(),
+            ties: board.config.ties.name(),
+            operator: board.config.operator.name(),
+            season: board.season,
+            seasons: board.seasons,
+            members: board.members,
+            season_started_ms: None,
+        }
+    }
+}
+
+#[derive(Serialize, ToSchema)]
+struct BoardList<'a> {
+    /// Sorted by name.
+    boards: Vec<BoardAnswer<'a>>,
+}
+
+/// A member's place in a ranking.
+#[derive(Serialize, ToSchema)]
+struct StandingAnswer<'a> {
+    /// 1 is best.
+    rank: u64,
+    member: &'a str,
+    score: DecimalScore,
+}
+
+impl<'a> StandingAnswer<'a> {
+    fn of(standing: &'a Standing) -> Self {
+        Self {
+            rank: standing.rank,
+            member: &standing.member,
+            score: DecimalScore(standing.score),
+        }
+    }
+
+    fn all(page: &'a [Standing]) -> Vec<Self> {
+        page.iter().map(Self::of).collect()
+    }
+}
+
+#[derive(Serialize, ToSchema)]
+struct MemberAnswer<'a> {
+    board: &'a str,
+    season: u32,
+    member: &'a str,
+    score: DecimalScore,
+    /// 1 is best.
+    rank: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+struct TopAnswer<'a> {
+    board: &'a str,
+    /// Members with a score in the season.
+    members: usize,
+    /// Best first.
+    entries: Vec<StandingAnswer<'a>>,
+    /// Where this page ended, for `cursor`; null on the last page.
+    #[schema(required = true)]
+    next_cursor: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+struct AroundAnswer<'a> {
+    board: &'a str,
+    member: &'a str,
+    /// Up to `k` standings above the member, the member's, up to `k` below; best first.
+    entries: Vec<StandingAnswer<'a>>,
+}
+
+#[derive(Serialize, ToSchema)]
+struct ResetAnswer<'a> {
+    board: &'a str,
+    /// The new season's number.
+    season: u32,
+}
+
+#[derive(Serialize, ToSchema)]
+struct RanksAnswer<'a> {
+    member: &'a str,
+    /// One per board asked for, in the order asked.
+    boards: Vec<BoardRank<'a>>,
+}
+
+/// A member's standing on one board of several, or why there is none.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+enum BoardRank<'a> {
+    Ranked {
+        board: &'a str,
+        /// The current season.
+        season: u32,
+        score: DecimalScore,
+        /// 1 is best.
+        rank: u64,
+    },
+    Failed {
+        board: &'a str,
+        /// `not_found` (no such board, or the member has no score on it), or the code of the 503 of a
+        /// partition that cannot answer now (`overloaded`, `partition_moving`, ...).
+        error: ErrorDetail,
+    },
 }
 
 /// Queues a command on the board's partition; awaiting it gives the outcome once durable.
@@ -101,32 +362,20 @@ async fn read_season<R: Send + 'static>(
         .await?;
     match found {
         None => Err(no_board(board)),
-        Some(None) => Err(ApiError::not_found(format!(
-            "board {board:?} has no season {}",
-            season.unwrap_or_default()
-        ))),
+        Some(None) => Err(no_season(board, season)),
         Some(Some(result)) => Ok(result),
     }
 }
 
-fn board_json(board: &BoardSummary) -> Value {
-    json!({
-        "name": board.name,
-        "order": board.config.order.name(),
-        "ties": board.config.ties.name(),
-        "operator": board.config.operator.name(),
-        "season": board.season,
-        "seasons": board.seasons,
-        "members": board.members,
-    })
-}
-
-fn standing_json(s: &Standing) -> Value {
-    json!({"rank": s.rank, "member": s.member, "score": s.score.to_string()})
+fn no_season(board: &str, season: Option<u32>) -> ApiError {
+    ApiError::not_found(format!(
+        "board {board:?} has no season {}",
+        season.unwrap_or_default()
+    ))
 }
 
 /// Every board on every partition, sorted by name.
-async fn all_boards(engine: &EngineHandle) -> Result<Vec<(String, Value)>, ApiError> {
+async fn all_boards(engine: &EngineHandle) -> Result<Vec<BoardSummary>, ApiError> {
     let mut boards = Vec::new();
     for partition in 0..engine.partition_count() {
         let answer = engine
@@ -137,21 +386,48 @@ async fn all_boards(engine: &EngineHandle) -> Result<Vec<(String, Value)>, ApiEr
                 "partition {partition} listed its boards badly: {e}"
             ))
         })?;
-        boards.extend(summaries.iter().map(|b| (b.name.clone(), board_json(b))));
+        boards.extend(summaries);
     }
-    boards.sort_by(|a, b| a.0.cmp(&b.0));
+    boards.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(boards)
 }
 
-#[derive(Deserialize)]
+/// Every board, with its settings and the size of its current season.
+#[utoipa::path(
+    get,
+    path = "/leaderboards",
+    tag = TAG,
+    responses((status = 200, description = "The boards.", body = BoardList)),
+)]
+async fn list_boards(State(engine): State<EngineHandle>) -> Result<Response, ApiError> {
+    let boards = all_boards(&engine).await?;
+    let answer = BoardList {
+        boards: boards.iter().map(BoardAnswer::of).collect(),
+    };
+    Ok(json(StatusCode::OK, &answer))
+}
+
+/// A new board's name and settings.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct CreateBody {
+struct CreateBoardBody {
+    /// Not `ranks` or `scores`, which are paths of the API.
+    #[schema(schema_with = parse::name_schema)]
     name: String,
+    /// Which scores rank first: `descending` (the default), the highest; `ascending`, the lowest.
+    #[schema(schema_with = optional_order_schema, required = false)]
     order: Option<String>,
+    /// How equal scores rank: `first` (the default), whoever reached the score first; `random`, by a
+    /// draw on each update.
+    #[schema(schema_with = optional_ties_schema, required = false)]
     ties: Option<String>,
+    /// How an update that names no operator combines with the member's score: `set` (the default),
+    /// `increment`, `best` or `worst` (the better or worse of the two by `order`).
+    #[schema(schema_with = optional_operator_schema, required = false)]
     operator: Option<String>,
 }
 
+/// Creates board `name` (checked here) with `config`, once durable.
 async fn create(
     engine: &EngineHandle,
     headers: &HeaderMap,
@@ -175,11 +451,25 @@ async fn create(
     .await
 }
 
+/// Creates a board with its first season.
+#[utoipa::path(
+    post,
+    path = "/leaderboards",
+    tag = TAG,
+    params(IdempotencyKey),
+    request_body = CreateBoardBody,
+    responses(
+        (status = 201, description = "Durable: the new board.", body = BoardAnswer),
+        (status = 400, description = "The body is malformed, the name invalid or reserved, or a setting unknown.", body = ErrorBody),
+        (status = 409, description = "`board_exists`: a board of that name exists already; or `in_flight`: a request with this `Idempotency-Key` is still being made durable.", body = ErrorBody),
+    ),
+)]
 async fn create_board(
-    engine: EngineHandle,
+    State(engine): State<EngineHandle>,
     headers: HeaderMap,
-    body: CreateBody,
+    body: Bytes,
 ) -> Result<Response, ApiError> {
+    let body: CreateBoardBody = parse_body(&body)?;
     let order = match body.order.as_deref() {
         None => Order::Descending,
         Some(text) => Order::parse(text).ok_or_else(|| {
@@ -206,11 +496,8 @@ async fn create_board(
     };
     match create(&engine, &headers, &body.name, config).await? {
         Outcome::Created { .. } => {
-            let board = Board::new(config, 0);
-            Ok(json(
-                StatusCode::CREATED,
-                &board_json(&BoardSummary::of(&body.name, &board)),
-            ))
+            let board = BoardSummary::of(&body.name, &Board::new(config, 0));
+            Ok(json(StatusCode::CREATED, &BoardAnswer::of(&board)))
         }
         Outcome::Exists { .. } => Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -221,10 +508,211 @@ async fn create_board(
     }
 }
 
-#[derive(Deserialize)]
+/// A board's settings and the size of one of its seasons.
+#[utoipa::path(
+    get,
+    path = "/leaderboards/{board}",
+    tag = TAG,
+    params(BoardPath, SeasonQuery),
+    responses(
+        (status = 200, description = "The board.", body = BoardAnswer),
+        (status = 404, description = "No such board, or no such season of it.", body = ErrorBody),
+    ),
+)]
+async fn get_board(
+    State(engine): State<EngineHandle>,
+    Path(BoardPath { board }): Path<BoardPath>,
+    Query(season): Query<SeasonQuery>,
+) -> Result<Response, ApiError> {
+    check_name("board", &board)?;
+    let season = param_season(season.season.as_deref())?;
+    let name = board.clone();
+    let partition = engine.partition_of(board.as_bytes());
+    let found = engine
+        .query(partition, APP_ID, move |state: &LeaderboardState| {
+            state.board(&name).map(|b| {
+                let mut summary = BoardSummary::of(&name, b);
+                let started_ms = b.season(season).map(|chosen| {
+                    summary.season = chosen.number;
+                    summary.members = chosen.len() as u64;
+                    chosen.started_ms
+                });
+                (summary, started_ms)
+            })
+        })
+        .await?;
+    match found {
+        None => Err(no_board(&board)),
+        Some((_, None)) => Err(no_season(&board, season)),
+        Some((summary, Some(started_ms))) => {
+            let answer = BoardAnswer {
+                season_started_ms: Some(started_ms),
+                ..BoardAnswer::of(&summary)
+            };
+            Ok(json(StatusCode::OK, &answer))
+        }
+    }
+}
+
+fn expect_deleted(outcome: Outcome, missing: ApiError) -> Result<Response, ApiError> {
+    match outcome {
+        Outcome::Deleted => Ok(StatusCode::NO_CONTENT.into_response()),
+        Outcome::NoSuchBoard | Outcome::NoSuchMember => Err(missing),
+        other => Err(internal(format!("unexpected outcome {other:?}"))),
+    }
+}
+
+/// Deletes a board, every season of it.
+#[utoipa::path(
+    delete,
+    path = "/leaderboards/{board}",
+    tag = TAG,
+    params(BoardPath, IdempotencyKey),
+    responses(
+        (status = 204, description = "Durable: the board is gone."),
+        (status = 404, description = "No such board.", body = ErrorBody),
+    ),
+)]
+async fn delete_board(
+    State(engine): State<EngineHandle>,
+    Path(BoardPath { board }): Path<BoardPath>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    check_name("board", &board)?;
+    let outcome = run(&engine, &headers, Command::DeleteBoard { board: &board }).await?;
+    expect_deleted(outcome, no_board(&board))
+}
+
+/// Starts a new, empty season of a board; the old seasons stay readable (`?season=`).
+#[utoipa::path(
+    post,
+    path = "/leaderboards/{board}/reset",
+    tag = TAG,
+    params(BoardPath, IdempotencyKey),
+    responses(
+        (status = 201, description = "Durable: the new season.", body = ResetAnswer),
+        (status = 404, description = "No such board.", body = ErrorBody),
+    ),
+)]
+async fn reset_board(
+    State(engine): State<EngineHandle>,
+    Path(BoardPath { board }): Path<BoardPath>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    check_name("board", &board)?;
+    match run(&engine, &headers, Command::Reset { board: &board }).await? {
+        Outcome::Reset { season } => Ok(json(
+            StatusCode::CREATED,
+            &ResetAnswer {
+                board: &board,
+                season,
+            },
+        )),
+        Outcome::NoSuchBoard => Err(no_board(&board)),
+        other => Err(internal(format!("unexpected outcome {other:?}"))),
+    }
+}
+
+/// A page of a board's ranking, best first.
+#[utoipa::path(
+    get,
+    path = "/leaderboards/{board}/top",
+    tag = TAG,
+    params(BoardPath, SeasonQuery, PageQuery),
+    responses(
+        (status = 200, description = "The page.", body = TopAnswer),
+        (status = 400, description = "A query value is malformed or over its limit, the cursor is not one this server returned, or both `offset` and `cursor` are given.", body = ErrorBody),
+        (status = 404, description = "No such board, or no such season of it.", body = ErrorBody),
+    ),
+)]
+async fn board_top(
+    State(engine): State<EngineHandle>,
+    Path(BoardPath { board }): Path<BoardPath>,
+    Query(season): Query<SeasonQuery>,
+    Query(page): Query<PageQuery>,
+) -> Result<Response, ApiError> {
+    check_name("board", &board)?;
+    let season = param_season(season.season.as_deref())?;
+    let limit = param_number("limit", page.limit.as_deref(), 10usize, PAGE_LIMIT_MAX)?;
+    let cursor = match page.cursor.as_deref() {
+        None => None,
+        Some(text) => Some(
+            Cursor::parse(text)
+                .ok_or_else(|| ApiError::bad_request("cursor is not one this server returned"))?,
+        ),
+    };
+    if cursor.is_some() && page.offset.is_some() {
+        return Err(ApiError::bad_request("give offset or cursor, not both"));
+    }
+    let offset = param_number("offset", page.offset.as_deref(), 0usize, PAGE_OFFSET_MAX)?;
+    let (total, page, next) = read_season(&engine, &board, season, move |config, season| {
+        let page = match cursor {
+            Some(cursor) => season.page_after(config, &cursor, limit),
+            None => season.page(config, offset, limit),
+        };
+        let next = match page.last() {
+            Some(last) if (last.rank as usize) < season.len() => {
+                season.cursor_after(&last.member).map(Cursor::to_text)
+            }
+            _ => None,
+        };
+        (season.len(), page, next)
+    })
+    .await?;
+    let answer = TopAnswer {
+        board: &board,
+        members: total,
+        entries: StandingAnswer::all(&page),
+        next_cursor: next,
+    };
+    Ok(json(StatusCode::OK, &answer))
+}
+
+/// A member's score and rank.
+#[utoipa::path(
+    get,
+    path = "/leaderboards/{board}/members/{member}",
+    tag = TAG,
+    params(MemberPath, SeasonQuery),
+    responses(
+        (status = 200, description = "The member's standing.", body = MemberAnswer),
+        (status = 404, description = "No such board, no such season of it, or the member has no score in it.", body = ErrorBody),
+    ),
+)]
+async fn get_member_score(
+    State(engine): State<EngineHandle>,
+    Path(MemberPath { board, member }): Path<MemberPath>,
+    Query(season): Query<SeasonQuery>,
+) -> Result<Response, ApiError> {
+    check_name("board", &board)?;
+    check_name("member", &member)?;
+    let season = param_season(season.season.as_deref())?;
+    let name = member.clone();
+    let found = read_season(&engine, &board, season, move |config, season| {
+        season.member(config, &name).map(|s| (season.number, s))
+    })
+    .await?;
+    let Some((season, standing)) = found else {
+        return Err(no_member(&member, &board));
+    };
+    let answer = MemberAnswer {
+        board: &board,
+        season,
+        member: &member,
+        score: DecimalScore(standing.score),
+        rank: standing.rank,
+    };
+    Ok(json(StatusCode::OK, &answer))
+}
+
+/// A new score for a member.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct SetScoreBody {
     score: Score,
+    /// How `score` combines with the member's score: the board's operator when absent. A member
+    /// without a score gets `score` whatever the operator.
+    #[schema(schema_with = optional_operator_schema, required = false)]
     operator: Option<String>,
 }
 
@@ -275,79 +763,93 @@ async fn update_one(
     }
 }
 
-async fn top(
-    engine: EngineHandle,
-    board: String,
-    params: HashMap<String, String>,
+/// Sets or changes a member's score on the board's current season (a new member joins it).
+#[utoipa::path(
+    put,
+    path = "/leaderboards/{board}/members/{member}",
+    tag = TAG,
+    params(MemberPath, IdempotencyKey),
+    request_body = SetScoreBody,
+    responses(
+        (status = 200, description = "Durable: the member's score and rank after it.", body = MemberAnswer),
+        (status = 400, description = "The body is malformed, a name or the operator invalid, the score beyond 128 bits; or `score_out_of_range`: the new score would leave the signed 128-bit range (the score is unchanged).", body = ErrorBody),
+        (status = 404, description = "No such board.", body = ErrorBody),
+        (status = 409, description = "`board_full`: the member is new and the board holds the most members a board may hold; or `in_flight`: a request with this `Idempotency-Key` is still being made durable.", body = ErrorBody),
+    ),
+)]
+async fn set_member_score(
+    State(engine): State<EngineHandle>,
+    Path(MemberPath { board, member }): Path<MemberPath>,
+    headers: HeaderMap,
+    body: Bytes,
 ) -> Result<Response, ApiError> {
-    check_name("board", &board)?;
-    let season = param_season(&params)?;
-    let limit = param_number(&params, "limit", 10usize, PAGE_LIMIT_MAX)?;
-    let cursor = match params.get("cursor") {
-        None => None,
-        Some(text) => Some(
-            Cursor::parse(text)
-                .ok_or_else(|| ApiError::bad_request("cursor is not one this server returned"))?,
-        ),
+    let body: SetScoreBody = parse_body(&body)?;
+    let operator = (body.operator.as_deref())
+        .map(|o| parse_operator("operator", o))
+        .transpose()?;
+    let (season, score, rank) =
+        update_one(&engine, &headers, &board, &member, operator, body.score.0).await?;
+    let answer = MemberAnswer {
+        board: &board,
+        season,
+        member: &member,
+        score: DecimalScore(score),
+        rank,
     };
-    if cursor.is_some() && params.contains_key("offset") {
-        return Err(ApiError::bad_request("give offset or cursor, not both"));
-    }
-    let offset = param_number(&params, "offset", 0usize, usize::MAX / 2)?;
-    let (total, page, next) = read_season(&engine, &board, season, move |config, season| {
-        let page = match cursor {
-            Some(cursor) => season.page_after(config, &cursor, limit),
-            None => season.page(config, offset, limit),
-        };
-        let next = match page.last() {
-            Some(last) if (last.rank as usize) < season.len() => {
-                season.cursor_after(&last.member).map(Cursor::to_text)
-            }
-            _ => None,
-        };
-        (season.len(), page, next)
-    })
-    .await?;
-    let entries: Vec<Value> = page.iter().map(standing_json).collect();
-    Ok(json(
-        StatusCode::OK,
-        &json!({"board": board, "members": total, "entries": entries, "next_cursor": next}),
-    ))
+    Ok(json(StatusCode::OK, &answer))
 }
 
-async fn member_standing(
-    engine: EngineHandle,
-    board: String,
-    member: String,
-    params: HashMap<String, String>,
+/// Removes a member from the board's current season.
+#[utoipa::path(
+    delete,
+    path = "/leaderboards/{board}/members/{member}",
+    tag = TAG,
+    params(MemberPath, IdempotencyKey),
+    responses(
+        (status = 204, description = "Durable: the member is gone."),
+        (status = 404, description = "No such board, or the member has no score on it.", body = ErrorBody),
+    ),
+)]
+async fn delete_member(
+    State(engine): State<EngineHandle>,
+    Path(MemberPath { board, member }): Path<MemberPath>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     check_name("board", &board)?;
     check_name("member", &member)?;
-    let season = param_season(&params)?;
-    let name = member.clone();
-    let found = read_season(&engine, &board, season, move |config, season| {
-        season.member(config, &name).map(|s| (season.number, s))
-    })
-    .await?;
-    let Some((season, standing)) = found else {
-        return Err(no_member(&member, &board));
+    let command = Command::DeleteMember {
+        board: &board,
+        member: &member,
     };
-    Ok(json(
-        StatusCode::OK,
-        &json!({"board": board, "season": season, "member": member, "score": standing.score.to_string(), "rank": standing.rank}),
-    ))
+    let outcome = run(&engine, &headers, command).await?;
+    let missing = match outcome {
+        Outcome::NoSuchBoard => no_board(&board),
+        _ => no_member(&member, &board),
+    };
+    expect_deleted(outcome, missing)
 }
 
-async fn around(
-    engine: EngineHandle,
-    board: String,
-    member: String,
-    params: HashMap<String, String>,
+/// A member's neighbourhood in the ranking: the standings just above and below it.
+#[utoipa::path(
+    get,
+    path = "/leaderboards/{board}/members/{member}/around",
+    tag = TAG,
+    params(MemberPath, SeasonQuery, AroundQuery),
+    responses(
+        (status = 200, description = "The member and its neighbours.", body = AroundAnswer),
+        (status = 404, description = "No such board, no such season of it, or the member has no score in it.", body = ErrorBody),
+    ),
+)]
+async fn member_around(
+    State(engine): State<EngineHandle>,
+    Path(MemberPath { board, member }): Path<MemberPath>,
+    Query(season): Query<SeasonQuery>,
+    Query(around): Query<AroundQuery>,
 ) -> Result<Response, ApiError> {
     check_name("board", &board)?;
     check_name("member", &member)?;
-    let season = param_season(&params)?;
-    let k = param_number(&params, "k", 5usize, PAGE_LIMIT_MAX / 2)?;
+    let season = param_season(season.season.as_deref())?;
+    let k = param_number("k", around.k.as_deref(), 5usize, AROUND_MAX)?;
     let name = member.clone();
     let found = read_season(&engine, &board, season, move |config, season| {
         let rank = season.rank(&name)? as usize;
@@ -358,28 +860,38 @@ async fn around(
     let Some(page) = found else {
         return Err(no_member(&member, &board));
     };
-    let entries: Vec<Value> = page.iter().map(standing_json).collect();
-    Ok(json(
-        StatusCode::OK,
-        &json!({"board": board, "member": member, "entries": entries}),
-    ))
+    let answer = AroundAnswer {
+        board: &board,
+        member: &member,
+        entries: StandingAnswer::all(&page),
+    };
+    Ok(json(StatusCode::OK, &answer))
 }
 
-/// One member's standing on several boards at once; boards are read concurrently.
-async fn ranks(
-    engine: EngineHandle,
-    params: HashMap<String, String>,
+/// One member's score and rank on several boards at once (their current seasons).
+#[utoipa::path(
+    get,
+    path = "/leaderboards/ranks",
+    tag = TAG,
+    params(RanksQuery),
+    responses(
+        (status = 200, description = "The member's standing on each board, or why there is none.", body = RanksAnswer),
+        (status = 400, description = "`member` or `boards` is missing or invalid, or there are more than 64 boards.", body = ErrorBody),
+    ),
+)]
+async fn member_ranks(
+    State(engine): State<EngineHandle>,
+    Query(query): Query<RanksQuery>,
 ) -> Result<Response, ApiError> {
-    let member = params
-        .get("member")
-        .ok_or_else(|| ApiError::bad_request("member is required"))?
-        .clone();
+    let member = query
+        .member
+        .ok_or_else(|| ApiError::bad_request("member is required"))?;
     check_name("member", &member)?;
-    let boards: Vec<String> = params
-        .get("boards")
+    let boards: Vec<&str> = query
+        .boards
+        .as_deref()
         .ok_or_else(|| ApiError::bad_request("boards is required: a comma-separated list"))?
         .split(',')
-        .map(str::to_string)
         .collect();
     if boards.len() > BOARDS_PER_QUERY_MAX {
         return Err(ApiError::bad_request(format!(
@@ -393,7 +905,7 @@ async fn ranks(
     let reads: Vec<_> = boards
         .iter()
         .map(|board| {
-            let (engine, board, name) = (engine.clone(), board.clone(), member.clone());
+            let (engine, board, name) = (engine.clone(), board.to_string(), member.clone());
             tokio::spawn(async move {
                 read_season(&engine, &board, None, move |config, season| {
                     season.member(config, &name).map(|s| (season.number, s))
@@ -406,120 +918,81 @@ async fn ranks(
     for read in reads {
         results.push(read.await.map_err(internal)?);
     }
-    let entries: Vec<Value> = boards
-        .iter()
-        .zip(results)
-        .map(|(board, result)| match result {
-            Ok(Some((season, s))) => json!({"board": board, "season": season, "score": s.score.to_string(), "rank": s.rank}),
-            Ok(None) => json!({"board": board, "error": {"code": "not_found", "message": no_member(&member, board).message}}),
-            Err(error) => json!({"board": board, "error": {"code": error.code, "message": error.message}}),
-        })
-        .collect();
-    Ok(json(
-        StatusCode::OK,
-        &json!({"member": member, "boards": entries}),
-    ))
+    let detail = |error: ApiError| ErrorDetail {
+        code: error.code,
+        message: error.message,
+    };
+    let ranked = (boards.iter().zip(results)).map(|(board, result)| match result {
+        Ok(Some((season, standing))) => BoardRank::Ranked {
+            board,
+            season,
+            score: DecimalScore(standing.score),
+            rank: standing.rank,
+        },
+        Ok(None) => BoardRank::Failed {
+            board,
+            error: detail(no_member(&member, board)),
+        },
+        Err(error) => BoardRank::Failed {
+            board,
+            error: detail(error),
+        },
+    });
+    let answer = RanksAnswer {
+        member: &member,
+        boards: ranked.collect(),
+    };
+    Ok(json(StatusCode::OK, &answer))
 }
 
-fn expect_deleted(outcome: Outcome, missing: ApiError) -> Result<Response, ApiError> {
-    match outcome {
-        Outcome::Deleted => Ok(StatusCode::NO_CONTENT.into_response()),
-        Outcome::NoSuchBoard | Outcome::NoSuchMember => Err(missing),
-        other => Err(internal(format!("unexpected outcome {other:?}"))),
+pub(crate) fn routes(engine: EngineHandle) -> AppRouter {
+    AppRouter::new()
+        .routes(routes!(list_boards, create_board))
+        .routes(routes!(bulk::bulk_update_scores))
+        .routes(routes!(member_ranks))
+        .routes(routes!(get_board, delete_board))
+        .routes(routes!(reset_board))
+        .routes(routes!(board_top))
+        .routes(routes!(get_member_score, set_member_score, delete_member))
+        .routes(routes!(member_around))
+        .merge(case_study::routes())
+        .with_state(engine)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    /// The maximum the description gives each parameter of `P`.
+    fn described_maxima<P: IntoParams>() -> Vec<(String, Value)> {
+        let params = P::into_params(|| None).into_iter();
+        params
+            .map(|param| {
+                let maximum = serde_json::to_value(&param).unwrap()["schema"]["maximum"].clone();
+                (param.name, maximum)
+            })
+            .collect()
     }
-}
 
-pub(crate) fn routes(engine: EngineHandle) -> Router {
-    let e = engine;
-    Router::new()
-        .route("/leaderboards", {
-            let (list, make) = (e.clone(), e.clone());
-            get(move || async move {
-                let boards: Vec<Value> = all_boards(&list).await?.into_iter().map(|(_, v)| v).collect();
-                Ok::<_, ApiError>(json(StatusCode::OK, &json!({"boards": boards})))
-            })
-            .post(move |headers: HeaderMap, bytes: axum::body::Bytes| async move { create_board(make, headers, parse_body(&bytes)?).await })
-        })
-        .route("/leaderboards/scores", {
-            let e = e.clone();
-            post(move |headers: HeaderMap, body: axum::body::Bytes| bulk::bulk_update(e, headers, body))
-        })
-        .route("/leaderboards/ranks", {
-            let e = e.clone();
-            get(move |Query(params): Params| ranks(e, params))
-        })
-        .route("/leaderboards/{board}", {
-            let (read, delete) = (e.clone(), e.clone());
-            get(move |Path(board): Path<String>, Query(params): Params| async move {
-                check_name("board", &board)?;
-                let season = param_season(&params)?;
-                let name = board.clone();
-                let partition = read.partition_of(board.as_bytes());
-                let found = read
-                    .query(partition, APP_ID, move |state: &LeaderboardState| {
-                        state.board(&name).map(|b| {
-                            let mut info = board_json(&BoardSummary::of(&name, b));
-                            let chosen = b.season(season).map(|s| (s.number, s.len(), s.started_ms));
-                            if let Some((number, members, started_ms)) = chosen {
-                                info["season"] = json!(number);
-                                info["members"] = json!(members);
-                                info["season_started_ms"] = json!(started_ms);
-                            }
-                            (info, chosen.is_some())
-                        })
-                    })
-                    .await?;
-                match found {
-                    None => Err(no_board(&board)),
-                    Some((_, false)) => Err(ApiError::not_found(format!("board {board:?} has no season {}", season.unwrap_or_default()))),
-                    Some((info, true)) => Ok(json(StatusCode::OK, &info)),
-                }
-            })
-            .delete(move |Path(board): Path<String>, headers: HeaderMap| async move {
-                check_name("board", &board)?;
-                let outcome = run(&delete, &headers, Command::DeleteBoard { board: &board }).await?;
-                expect_deleted(outcome, no_board(&board))
-            })
-        })
-        .route("/leaderboards/{board}/reset", {
-            let e = e.clone();
-            post(move |Path(board): Path<String>, headers: HeaderMap| async move {
-                check_name("board", &board)?;
-                match run(&e, &headers, Command::Reset { board: &board }).await? {
-                    Outcome::Reset { season } => Ok(json(StatusCode::CREATED, &json!({"board": board, "season": season}))),
-                    Outcome::NoSuchBoard => Err(no_board(&board)),
-                    other => Err(internal(format!("unexpected outcome {other:?}"))),
-                }
-            })
-        })
-        .route("/leaderboards/{board}/top", {
-            let e = e.clone();
-            get(move |Path(board): Path<String>, Query(params): Params| top(e, board, params))
-        })
-        .route("/leaderboards/{board}/members/{member}", {
-            let (read, write, delete) = (e.clone(), e.clone(), e.clone());
-            get(move |Path((board, member)): Path<(String, String)>, Query(params): Params| member_standing(read, board, member, params))
-                .put(move |Path((board, member)): Path<(String, String)>, headers: HeaderMap, bytes: axum::body::Bytes| async move {
-                    let body: SetScoreBody = parse_body(&bytes)?;
-                    let value = body.score.0;
-                    let operator = body.operator.as_deref().map(|o| parse_operator("operator", o)).transpose()?;
-                    let (season, score, rank) = update_one(&write, &headers, &board, &member, operator, value).await?;
-                    Ok::<_, ApiError>(json(StatusCode::OK, &json!({"board": board, "season": season, "member": member, "score": score.to_string(), "rank": rank})))
-                })
-                .delete(move |Path((board, member)): Path<(String, String)>, headers: HeaderMap| async move {
-                    check_name("board", &board)?;
-                    check_name("member", &member)?;
-                    let outcome = run(&delete, &headers, Command::DeleteMember { board: &board, member: &member }).await?;
-                    let missing = match outcome {
-                        Outcome::NoSuchBoard => no_board(&board),
-                        _ => no_member(&member, &board),
-                    };
-                    expect_deleted(outcome, missing)
-                })
-        })
-        .route("/leaderboards/{board}/members/{member}/around", {
-            let e = e.clone();
-            get(move |Path((board, member)): Path<(String, String)>, Query(params): Params| around(e, board, member, params))
-        })
-        .merge(case_study::routes(e))
+    #[test]
+    fn the_described_limits_are_the_enforced_ones() {
+        let maximum = |name: &str, max: Value| (name.to_string(), max);
+        assert_eq!(
+            described_maxima::<PageQuery>(),
+            [
+                maximum("limit", json!(PAGE_LIMIT_MAX)),
+                maximum("offset", json!(PAGE_OFFSET_MAX)),
+                maximum("cursor", Value::Null),
+            ]
+        );
+        assert_eq!(
+            described_maxima::<AroundQuery>(),
+            [maximum("k", json!(AROUND_MAX))]
+        );
+        assert_eq!(
+            described_maxima::<SeasonQuery>(),
+            [maximum("season", json!(u32::MAX))]
+        );
+    }
 }
