@@ -202,6 +202,46 @@ impl From<EngineError> for ApiError {
     }
 }
 
+/// A `T` read from a JSON object only. serde's derived structs also read a JSON array of their fields
+/// in order (`[5, 1]` as `{"amount": 5, "tag": 1}`, `[null, null]` as a capture of everything), which
+/// is not the shape any API describes. Request bodies are read through it ([`ApiJson`],
+/// [`from_json_object`]) and struct fields inside them with `#[serde(deserialize_with =
+/// "spate_server::api::json_object")]`.
+pub struct JsonObject<T>(pub T);
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for JsonObject<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor<T>(std::marker::PhantomData<T>);
+
+        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for ObjectVisitor<T> {
+            type Value = T;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+
+        let visitor = ObjectVisitor(std::marker::PhantomData);
+        deserializer.deserialize_map(visitor).map(JsonObject)
+    }
+}
+
+/// For `deserialize_with` on a field whose value is a struct: see [`JsonObject`].
+pub fn json_object<'de, D: serde::Deserializer<'de>, T: serde::Deserialize<'de>>(
+    deserializer: D,
+) -> Result<T, D::Error> {
+    <JsonObject<T> as serde::Deserialize>::deserialize(deserializer).map(|JsonObject(value)| value)
+}
+
+/// A `T` from a body that must be a JSON object: see [`JsonObject`].
+pub fn from_json_object<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> serde_json::Result<T> {
+    serde_json::from_slice(bytes).map(|JsonObject(value)| value)
+}
+
 /// A JSON body whose rejection is an [`ApiError`] naming what is wrong (field, type, line and column).
 pub struct ApiJson<T>(pub T);
 
@@ -236,6 +276,16 @@ fn json_rejection(rejection: JsonRejection) -> ApiError {
     };
     ApiError::new(status, code, message)
 }
+
+/// Whether a name an app will put in a URL path can be found there: `.` and `..` are path segments
+/// that clients remove before sending (`/leaderboards/./reset` arrives as `/leaderboards/reset`), so a
+/// board, account or participant of either name could be made and never reached.
+pub fn reachable_in_a_path(name: &str) -> bool {
+    name != "." && name != ".."
+}
+
+/// What a refused name is told when `.` is among its characters.
+pub const NOT_DOT_SEGMENTS: &str = "and not '.' or '..' (a URL path cannot name them)";
 
 /// Longest accepted `Idempotency-Key`.
 pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;

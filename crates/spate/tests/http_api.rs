@@ -84,6 +84,10 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
             json!({"from": "alice", "to": "bob", "amount": 0, "tag": 2}),
             "greater than 0",
         ),
+        (
+            json!({"from": "alice", "to": "..", "amount": 1, "tag": 2}),
+            "URL path",
+        ),
     ] {
         let (status, answer) = post(&agent, &transfer, None, &body).unwrap();
         assert_eq!(status, 400, "{answer}");

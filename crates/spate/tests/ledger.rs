@@ -295,6 +295,7 @@ fn two_phases_rejects_expiry_and_every_error_code() {
             "after 9999",
         ),
         ("payerFsp", json!("a b"), "payerFsp must be"),
+        ("payeeFsp", json!(".."), "URL path"),
     ];
     for (n, (field, value, words)) in bad_prepares.into_iter().enumerate() {
         let mut body = prepare_body(100 + n as u64, "dfsp1", "dfsp2", "1", 60_000);

@@ -25,7 +25,9 @@ use serde::{Deserialize, Serialize};
 use spate_engine::{EngineHandle, PartitionId};
 use spate_server::ApiError;
 use spate_server::access::{RouteAccess, Scope};
-use spate_server::api::{ErrorBody, command_id, json as json_response, reply_bytes};
+use spate_server::api::{
+    ErrorBody, command_id, from_json_object, json as json_response, reply_bytes,
+};
 use spate_server::openapi::AppRouter;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
@@ -128,43 +130,9 @@ fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     } else {
         body
     };
-    serde_json::from_slice(body)
-        .map(|JsonObject(value)| value)
-        .map_err(|e| {
-            ApiError::bad_request(format!("invalid body: {}", redact_digits(&e.to_string())))
-        })
-}
-
-/// A `T` read from a JSON object only. serde's derived structs also read an array of their fields in
-/// order (`[null, null]` would be a capture of everything), which is not the shape the API describes.
-struct JsonObject<T>(T);
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for JsonObject<T> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct ObjectVisitor<T>(std::marker::PhantomData<T>);
-
-        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for ObjectVisitor<T> {
-            type Value = T;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
-                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
-            }
-        }
-
-        let visitor = ObjectVisitor(std::marker::PhantomData);
-        deserializer.deserialize_map(visitor).map(JsonObject)
-    }
-}
-
-/// For `deserialize_with` on a field whose value is a struct: see [`JsonObject`].
-fn json_object<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
-    deserializer: D,
-) -> Result<T, D::Error> {
-    JsonObject::deserialize(deserializer).map(|JsonObject(value)| value)
+    from_json_object(body).map_err(|e| {
+        ApiError::bad_request(format!("invalid body: {}", redact_digits(&e.to_string())))
+    })
 }
 
 /// The `Idempotency-Key` header, as the description of the operations that need it; [`require_key`]
@@ -572,9 +540,9 @@ struct AuthorizeRequest {
     currency: String,
     /// A merchant of the reference data (`GET /admin/reference`).
     merchant: String,
-    #[serde(deserialize_with = "json_object")]
+    #[serde(deserialize_with = "spate_server::api::json_object")]
     card: CardRequest,
-    #[serde(deserialize_with = "json_object")]
+    #[serde(deserialize_with = "spate_server::api::json_object")]
     tax: TaxRequest,
     #[serde(default)]
     #[schema(schema_with = metadata_schema)]

@@ -15,7 +15,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use spate_engine::EngineHandle;
-use spate_server::api::{IdempotencyKey, command_id, json, reply_bytes};
+use spate_server::api::{
+    IdempotencyKey, NOT_DOT_SEGMENTS, command_id, json, reachable_in_a_path, reply_bytes,
+};
 use spate_server::openapi::AppRouter;
 use spate_server::{ApiError, ApiJson};
 use std::sync::{Arc, RwLock};
@@ -113,9 +115,13 @@ struct Tally {
 
 fn check_account(field: &str, name: &str) -> Result<(), ApiError> {
     let valid_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-    if name.is_empty() || name.len() > ACCOUNT_BYTES_MAX || !name.chars().all(valid_char) {
+    if name.is_empty()
+        || name.len() > ACCOUNT_BYTES_MAX
+        || !name.chars().all(valid_char)
+        || !reachable_in_a_path(name)
+    {
         return Err(ApiError::bad_request(format!(
-            "{field} must be 1 to {ACCOUNT_BYTES_MAX} characters of A-Z, a-z, 0-9, '-', '_' or '.'"
+            "{field} must be 1 to {ACCOUNT_BYTES_MAX} characters of A-Z, a-z, 0-9, '-', '_' or '.', {NOT_DOT_SEGMENTS}"
         )));
     }
     Ok(())

@@ -23,12 +23,16 @@ const SCORE_TEXT_PATTERN: &str = "^-?[0-9]+$";
 pub(super) fn valid_name(name: &str) -> bool {
     // Spelled out rather than looked up in NAME_PUNCTUATION: this runs on every byte of every name.
     let valid = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'@');
-    !name.is_empty() && name.len() <= NAME_BYTES_MAX && name.bytes().all(valid)
+    !name.is_empty()
+        && name.len() <= NAME_BYTES_MAX
+        && name.bytes().all(valid)
+        && spate_server::api::reachable_in_a_path(name)
 }
 
 pub(super) fn name_error(field: &str) -> ApiError {
     ApiError::bad_request(format!(
-        "{field} must be 1 to {NAME_BYTES_MAX} characters of A-Z, a-z, 0-9, '-', '_', '.', ':' or '@'"
+        "{field} must be 1 to {NAME_BYTES_MAX} characters of A-Z, a-z, 0-9, '-', '_', '.', ':' or '@', {}",
+        spate_server::api::NOT_DOT_SEGMENTS
     ))
 }
 
@@ -141,7 +145,7 @@ impl<'de> Deserialize<'de> for Score {
 /// A JSON body parsed in place. Every malformed body is a 400 (the issue asks 400 for a score beyond
 /// 128 bits, and one status for every body error is simpler for clients than 400 and 422 by cause).
 pub(super) fn parse_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body)
+    spate_server::api::from_json_object(body)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
@@ -267,7 +271,17 @@ mod tests {
         for byte in 0..=u8::MAX {
             let c = char::from(byte);
             let described = c.is_ascii_alphanumeric() || NAME_PUNCTUATION.contains(c);
-            assert_eq!(valid_name(&c.to_string()), described, "{c:?}");
+            assert_eq!(valid_name(&format!("a{c}")), described, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn dot_segments_are_not_names() {
+        for name in [".", ".."] {
+            assert!(!valid_name(name), "{name:?}");
+        }
+        for name in ["...", ".a", "a.", "a..b"] {
+            assert!(valid_name(name), "{name:?}");
         }
     }
 }

@@ -39,9 +39,9 @@ struct BatchCompletion {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 enum BatchOperation {
-    Prepare(Box<Prepare>),
-    Fulfil(BatchCompletion),
-    Reject(BatchCompletion),
+    Prepare(#[serde(deserialize_with = "spate_server::api::json_object")] Box<Prepare>),
+    Fulfil(#[serde(deserialize_with = "spate_server::api::json_object")] BatchCompletion),
+    Reject(#[serde(deserialize_with = "spate_server::api::json_object")] BatchCompletion),
 }
 
 /// Prepares, fulfils and rejects, applied in order per transfer.
@@ -64,7 +64,7 @@ fn batch_command(
     operation: &serde_json::value::RawValue,
     scope: &Scope,
 ) -> Result<(TransferId, Command), ApiError> {
-    let operation: BatchOperation = serde_json::from_str(operation.get())
+    let operation: BatchOperation = spate_server::api::from_json_object(operation.get().as_bytes())
         .map_err(|e| validation(format!("invalid operation: {e}")))?;
     Ok(match operation {
         BatchOperation::Prepare(prepare) => {

@@ -790,7 +790,10 @@ async fn finish(ledger: &Ledger, id: TransferId, command: Command) -> Result<Res
 #[derive(Deserialize, ToSchema)]
 #[schema(as = ledger::ErrorReport)]
 struct ErrorReport {
-    #[serde(rename = "errorInformation")]
+    #[serde(
+        rename = "errorInformation",
+        deserialize_with = "spate_server::api::json_object"
+    )]
     _error_information: ErrorInformation,
 }
 

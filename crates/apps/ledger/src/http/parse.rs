@@ -10,6 +10,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use spate_server::ApiError;
+use spate_server::api::{NOT_DOT_SEGMENTS, reachable_in_a_path};
 use utoipa::openapi::{ObjectBuilder, RefOr, Schema, Type};
 use utoipa::{PartialSchema, ToSchema};
 
@@ -104,14 +105,19 @@ pub(super) fn validation(message: impl Into<String>) -> ApiError {
 /// A JSON body under any content type: FSPIOP clients send `application/vnd.interoperability.*+json`.
 /// What does not parse is a 3100 naming the problem.
 pub(super) fn parse_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| validation(format!("invalid JSON body: {e}")))
+    spate_server::api::from_json_object(body)
+        .map_err(|e| validation(format!("invalid JSON body: {e}")))
 }
 
 pub(super) fn check_name(field: &str, name: &str) -> Result<(), ApiError> {
     let valid = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
-    if name.is_empty() || name.len() > NAME_BYTES_MAX || !name.bytes().all(valid) {
+    if name.is_empty()
+        || name.len() > NAME_BYTES_MAX
+        || !name.bytes().all(valid)
+        || !reachable_in_a_path(name)
+    {
         return Err(validation(format!(
-            "{field} must be 1 to {NAME_BYTES_MAX} characters of A-Z, a-z, 0-9, '-', '_' or '.'"
+            "{field} must be 1 to {NAME_BYTES_MAX} characters of A-Z, a-z, 0-9, '-', '_' or '.', {NOT_DOT_SEGMENTS}"
         )));
     }
     Ok(())
@@ -232,6 +238,7 @@ pub(super) struct Prepare {
     #[schema(value_type = FspName)]
     payee_fsp: String,
     /// More than 0.
+    #[serde(deserialize_with = "spate_server::api::json_object")]
     amount: Money,
     /// The SHA-256 of the fulfilment the payee will show.
     #[schema(value_type = Base64Url32)]
