@@ -11,7 +11,7 @@
 //!   partition (a command, so replay regenerates it).
 
 use crate::command::{Command, GenerateHistory};
-use crate::generator::{CASE_STUDY_HISTORY_LEN, HISTORY_WINDOW_MS, Seeds};
+use crate::generator::{CASE_STUDY_HISTORY_LEN, HISTORY_NOW_MS_MAX, HISTORY_WINDOW_MS, Seeds};
 use crate::history::UNSCORED;
 use crate::ingest::{BatchKind, Ingest, IngestError};
 use crate::record::{Digits, FIELD_NAMES, Txn, parse_field};
@@ -374,10 +374,10 @@ async fn generate(
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64)
     });
-    if now_ms <= HISTORY_WINDOW_MS {
-        return Err(ApiError::bad_request(
-            "now_ms must be later than 90 days after the epoch",
-        ));
+    if now_ms <= HISTORY_WINDOW_MS || now_ms > HISTORY_NOW_MS_MAX {
+        return Err(ApiError::bad_request(format!(
+            "now_ms must be later than 90 days after the epoch and at most {HISTORY_NOW_MS_MAX}"
+        )));
     }
     let request_id = command_id(&headers, APP_NAME)?;
     let engine = context.ingest.engine();
