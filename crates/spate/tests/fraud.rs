@@ -41,6 +41,9 @@ fn http_scoring_equals_offline_scoring_and_bad_input_is_refused() {
     let card = txns[0].card;
     let (status, history) = get(&agent, &format!("{}/fraud/cards/{card:014}", server.base));
     assert_eq!(status, 200);
+    // The answer names the card masked, never in clear.
+    assert_eq!(history["card"], format!("**********{:04}", card % 10_000));
+    assert!(!history.to_string().contains(&format!("{card:014}")));
     let stored = store.history(card);
     let listed = history["transactions"].as_array().unwrap();
     assert_eq!(listed.len(), stored.len());

@@ -4,7 +4,7 @@
 //!   `card, timestamp, country, response, amount, currency, merchant, city, code`, each a string of digits
 //!   of the spec's width; `timestamp` and `amount` may also be JSON integers) → 200
 //!   `{"scored", "flagged", "results": [{"fraud", "rule"}]}` in input order. Honours `Idempotency-Key`.
-//! - `GET /fraud/cards/{card}` → the card's stored history with verdicts, newest first.
+//! - `GET /fraud/cards/{card}` → the card's stored history with verdicts, newest first; the card masked.
 //! - `GET /fraud/stats` → counts over all partitions, per-rule counts, memory per stored transaction, rate.
 //! - `POST /fraud/history/generate` `{"cards", "length"?, "now_ms"?, "seeds"?: {"country", "merchant",
 //!   "city", "amount", "response", "timestamp"}}` → generates the case study's history in place on every
@@ -16,7 +16,7 @@ use crate::generator::{
 };
 use crate::history::UNSCORED;
 use crate::ingest::{BatchKind, Ingest, IngestError};
-use crate::record::{Digits, FIELD_NAMES, Txn, parse_field};
+use crate::record::{Digits, FIELD_NAMES, Txn, mask_card, parse_field};
 use crate::state::{FraudState, PartitionStats, STATS_QUERY, card_key};
 use crate::{APP_ID, APP_NAME};
 use axum::extract::{Path, State};
@@ -322,7 +322,8 @@ async fn score(
 /// A card's stored history.
 #[derive(Serialize, ToSchema)]
 struct CardHistory {
-    /// The card number.
+    /// The card, all but its last four digits masked.
+    #[schema(example = "**********0042")]
     card: String,
     /// Newest first.
     transactions: Vec<StoredTransaction>,
@@ -395,7 +396,7 @@ async fn card(
         return Err(ApiError::not_found("no stored transactions for this card"));
     }
     let answer = CardHistory {
-        card,
+        card: mask_card(digits.value),
         transactions: (history.iter())
             .map(|(txn, verdict)| StoredTransaction::new(txn, *verdict))
             .collect(),
