@@ -41,6 +41,9 @@ fn http_scoring_equals_offline_scoring_and_bad_input_is_refused() {
     let card = txns[0].card;
     let (status, history) = get(&agent, &format!("{}/fraud/cards/{card:014}", server.base));
     assert_eq!(status, 200);
+    // The answer names the card masked, never in clear.
+    assert_eq!(history["card"], format!("**********{:04}", card % 10_000));
+    assert!(!history.to_string().contains(&format!("{card:014}")));
     let stored = store.history(card);
     let listed = history["transactions"].as_array().unwrap();
     assert_eq!(listed.len(), stored.len());
@@ -148,6 +151,39 @@ fn http_scoring_equals_offline_scoring_and_bad_input_is_refused() {
     let files = support::files_under(dir.path());
     assert!(!files.is_empty());
     assert_no_card_numbers(&files, &SECRET_CARDS);
+}
+
+/// A history ends where the record format's timestamps do (19 digits): one ending later was generated
+/// with 20-digit timestamps, and the partition storing them panicked, which stopped the engine (found
+/// when describing the route for schemathesis, which tries `now_ms` = u64::MAX).
+#[test]
+fn a_history_ending_past_the_latest_timestamp_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--apps", "fraud"], None);
+    let agent = agent();
+    let generate = format!("{}/fraud/history/generate", server.base);
+    let latest = 10_000_000_000_000_000_000u64;
+    for now_ms in [latest + 1, u64::MAX] {
+        let body = json!({"cards": 2, "length": 2, "now_ms": now_ms});
+        let (status, reply) = post(&agent, &generate, None, &body).unwrap();
+        assert_eq!(status, 400, "{reply}");
+        assert!(
+            (reply["error"]["message"].as_str().unwrap()).contains("now_ms"),
+            "{reply}"
+        );
+    }
+    let body = json!({"cards": 2, "length": 2, "now_ms": latest});
+    let (status, reply) = post(&agent, &generate, None, &body).unwrap();
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["stored"], 4);
+    let (status, history) = get(
+        &agent,
+        &format!("{}/fraud/cards/00000000000001", server.base),
+    );
+    assert_eq!(status, 200, "{history}");
+    for entry in history["transactions"].as_array().unwrap() {
+        assert_eq!(entry["timestamp"].as_str().unwrap().len(), 19, "{entry}");
+    }
 }
 
 fn free_port() -> u16 {

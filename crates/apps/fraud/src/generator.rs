@@ -11,6 +11,10 @@ pub use spate_cards::{DAY_MS, HISTORY_WINDOW_MS};
 /// The case study's scale: 30 million cards with 20 history records each.
 pub const CASE_STUDY_CARDS: u32 = 30_000_000;
 pub const CASE_STUDY_HISTORY_LEN: u32 = 20;
+/// The latest timestamp the record format holds: 19 digits.
+pub const TIMESTAMP_MS_MAX: u64 = 9_999_999_999_999_999_999;
+/// The latest end of a history: its timestamps are before it, so they fit the record format.
+pub const HISTORY_NOW_MS_MAX: u64 = TIMESTAMP_MS_MAX + 1;
 
 /// Seeds of every random stream the generator uses; the defaults are the case study's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -90,7 +90,7 @@ pub fn module(config: FraudConfig) -> AppModule {
                 println!("spate fraud stream on {local}");
                 tokio::spawn(stream::serve(listener, ingest.clone()));
             }
-            Ok(http::routes(ingest, cap).into())
+            Ok(http::routes(ingest, cap))
         }),
         access: http::ROUTE_ACCESS,
         message_only_error_paths: &[],

@@ -1,87 +1,85 @@
 //! ski's HTTP routes: the spec's eight operations, two of ours for the seed's other questions, and the
-//! consumer's lag. Errors are `{"message": ...}`, as the spec's `ResponseMsg`.
+//! consumer's lag. Errors are `{"message": ...}`, the spec's `ResponseMsg`.
 //!
-//! The first segment under `/skiers/` is a resortID in the spec's ride path and a skierID in the
-//! others, so the routes name it `{first}` (the router needs one name per position).
+//! Routes are mounted at the spec's paths, parameter names included: the first segment under
+//! `/skiers/` is a resortID in the ride path and a skierID in the others, which the router allows (it
+//! matches a parameter by its position, not its name).
 
 use crate::command::{Command, Outcome, Ride, vertical_of};
 use crate::model::{RideStore, StoreError};
 use crate::state::SkiState;
-use crate::stats::{Endpoint, EndpointStats};
+use crate::stats::{ApiStats, Endpoint, EndpointStats};
 use crate::{APP_ID, APP_NAME, Bounds, DAYS, SkiConfig};
+use axum::Json;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use bytes::Bytes;
-use serde::Deserialize;
 use serde::de::IgnoredAny;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use spate_engine::{EngineError, EngineHandle, Reply};
 use spate_server::ApiError;
-use spate_server::api::{command_id, reply_bytes};
+use spate_server::api::{IdempotencyKey, command_id, reply_bytes};
+use spate_server::openapi::AppRouter;
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use utoipa::ToSchema;
+use utoipa_axum::routes;
 
-const RIDE_ROUTE: &str = "/skiers/{first}/seasons/{season}/days/{day}/skiers/{skier}";
-const SEASONS_ROUTE: &str = "/resorts/{resort}/seasons";
-const RESORT_DAY_ROUTE: &str = "/resorts/{resort}/seasons/{season}/day/{day}/skiers";
-const SKIER_VERTICAL_ROUTE: &str = "/skiers/{first}/vertical";
-const DAYS_ROUTE: &str = "/skiers/{first}/seasons/{season}/days";
-const LIFTS_ROUTE: &str = "/skiers/{first}/seasons/{season}/days/{day}/lifts";
+const RIDE_ROUTE: &str = "/skiers/{resortID}/seasons/{seasonID}/days/{dayID}/skiers/{skierID}";
+const RESORTS_ROUTE: &str = "/resorts";
+const SEASONS_ROUTE: &str = "/resorts/{resortID}/seasons";
+const RESORT_DAY_ROUTE: &str = "/resorts/{resortID}/seasons/{seasonID}/day/{dayID}/skiers";
+const SKIER_VERTICAL_ROUTE: &str = "/skiers/{skierID}/vertical";
+const DAYS_ROUTE: &str = "/skiers/{skierID}/seasons/{seasonID}/days";
+const LIFTS_ROUTE: &str = "/skiers/{skierID}/seasons/{seasonID}/days/{dayID}/lifts";
+const STATISTICS_ROUTE: &str = "/statistics";
+const LAG_ROUTE: &str = "/ski/lag";
 
-/// Every endpoint `GET /statistics` reports, with its URL as the spec writes it.
+/// The tag for ski's routes in the API description.
+const TAG: &str = "ski";
+
+/// Every endpoint `GET /statistics` reports.
 static ENDPOINTS: [Endpoint; 10] = [
     Endpoint {
         method: Method::POST,
         route: RIDE_ROUTE,
-        url: "/skiers/{resortID}/seasons/{seasonID}/days/{dayID}/skiers/{skierID}",
     },
     Endpoint {
         method: Method::GET,
         route: RIDE_ROUTE,
-        url: "/skiers/{resortID}/seasons/{seasonID}/days/{dayID}/skiers/{skierID}",
     },
     Endpoint {
         method: Method::GET,
-        route: "/resorts",
-        url: "/resorts",
+        route: RESORTS_ROUTE,
     },
     Endpoint {
         method: Method::GET,
         route: SEASONS_ROUTE,
-        url: "/resorts/{resortID}/seasons",
     },
     Endpoint {
         method: Method::POST,
         route: SEASONS_ROUTE,
-        url: "/resorts/{resortID}/seasons",
     },
     Endpoint {
         method: Method::GET,
         route: RESORT_DAY_ROUTE,
-        url: "/resorts/{resortID}/seasons/{seasonID}/day/{dayID}/skiers",
     },
     Endpoint {
         method: Method::GET,
         route: SKIER_VERTICAL_ROUTE,
-        url: "/skiers/{skierID}/vertical",
     },
     Endpoint {
         method: Method::GET,
         route: DAYS_ROUTE,
-        url: "/skiers/{skierID}/seasons/{seasonID}/days",
     },
     Endpoint {
         method: Method::GET,
         route: LIFTS_ROUTE,
-        url: "/skiers/{skierID}/seasons/{seasonID}/days/{dayID}/lifts",
     },
     Endpoint {
         method: Method::GET,
-        route: "/statistics",
-        url: "/statistics",
+        route: STATISTICS_ROUTE,
     },
 ];
 
@@ -108,9 +106,21 @@ impl SkiError {
     }
 }
 
+// The spec's name for it; the errors the server makes outside ski's handlers have the same shape,
+// described as the server's `MessageBody`.
+/// An error: what is wrong.
+#[derive(Serialize, ToSchema)]
+struct ResponseMsg {
+    /// What is wrong: names the field, the limit or what was not found.
+    message: String,
+}
+
 impl IntoResponse for SkiError {
     fn into_response(self) -> Response {
-        let mut response = (self.status, Json(json!({ "message": self.message }))).into_response();
+        let body = ResponseMsg {
+            message: self.message,
+        };
+        let mut response = (self.status, Json(body)).into_response();
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             response
                 .headers_mut()
@@ -277,14 +287,20 @@ fn resort_name(resort: u16) -> String {
     format!("Resort {resort}")
 }
 
-/// The spec's `LiftRide`; `waitTime` (sent by clients of older versions) is accepted and ignored.
-#[derive(Deserialize)]
+/// One ride up a lift.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct LiftRideBody {
+struct LiftRide {
+    /// Minutes into the ski day when the ride began: 1 to 360 unless the server sets `--ski-times`.
+    #[schema(value_type = i32, example = 217)]
     time: i64,
+    /// The lift: 1 to 40 unless the server sets `--ski-lifts`. A ride on lift N climbs 10 x N m.
     #[serde(rename = "liftID")]
+    #[schema(value_type = i32, example = 21)]
     lift_id: i64,
+    /// Sent by clients of versions before 2.0: accepted and ignored.
     #[serde(rename = "waitTime", default)]
+    #[schema(value_type = Option<serde_json::Value>, deprecated)]
     _wait_time: Option<IgnoredAny>,
 }
 
@@ -300,6 +316,36 @@ fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, SkiError> {
         .map_err(|e| SkiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
+// The path parameters, described as the spec has them; the ranges are the server's defaults.
+const RESORT_ID: &str = "ID of the resort: 1 to 10 unless the server sets `--ski-resorts`.";
+const SEASON_ID: &str =
+    "ID of the ski season, its year: 1900 to 2100 unless the server sets `--ski-seasons`.";
+const DAY_ID: &str = "Number of the ski day in the season, 1 to 366.";
+const SKIER_ID: &str = "ID of the skier: 1 to 100000 unless the server sets `--ski-skiers`.";
+// The spec types seasonID and dayID under `/skiers/` as strings, which hold integers all the same:
+// their pattern says so.
+
+/// Records a lift ride.
+///
+/// Answered once the ride is durable; the GETs see it once the read model has it (see `GET /ski/lag`).
+#[utoipa::path(
+    post,
+    path = RIDE_ROUTE,
+    tag = TAG,
+    operation_id = "writeNewLiftRide",
+    params(
+        ("resortID" = i32, Path, description = RESORT_ID),
+        ("seasonID" = String, Path, description = SEASON_ID, pattern = "^[0-9]+$"),
+        ("dayID" = String, Path, description = DAY_ID, pattern = "^[0-9]+$"),
+        ("skierID" = i32, Path, description = SKIER_ID),
+        IdempotencyKey,
+    ),
+    request_body = LiftRide,
+    responses(
+        (status = 201, description = "The ride is durable."),
+        (status = 400, description = "A path value or the body is invalid or out of range.", body = ResponseMsg),
+    ),
+)]
 async fn post_ride(
     State(ski): Ctx,
     Path((resort, season, day, skier)): Path<(String, String, String, String)>,
@@ -311,7 +357,7 @@ async fn post_ride(
     let season = ski.season("seasonID", &season)?;
     let day = ski.day(&day)?;
     let skier = ski.skier(&skier)?;
-    let ride: LiftRideBody = parse_json(&body)?;
+    let ride: LiftRide = parse_json(&body)?;
     let time = narrow(in_bounds("time", ride.time, config.times)?);
     let lift = narrow(in_bounds("liftID", ride.lift_id, config.lifts)?);
     let ride = Ride {
@@ -338,6 +384,24 @@ fn unexpected(outcome: Outcome) -> SkiError {
     }
 }
 
+/// The total vertical of a skier at a resort on one ski day, in metres.
+#[utoipa::path(
+    get,
+    path = RIDE_ROUTE,
+    tag = TAG,
+    operation_id = "getSkierDayVertical",
+    params(
+        ("resortID" = i32, Path, description = RESORT_ID),
+        ("seasonID" = String, Path, description = SEASON_ID, pattern = "^[0-9]+$"),
+        ("dayID" = String, Path, description = DAY_ID, pattern = "^[0-9]+$"),
+        ("skierID" = i32, Path, description = SKIER_ID),
+    ),
+    responses(
+        (status = 200, description = "The day's vertical, a bare JSON integer.", body = u64, content_type = "application/json"),
+        (status = 400, description = "A path value is invalid or out of range.", body = ResponseMsg),
+        (status = 404, description = "The skier has no ride at this resort that day.", body = ResponseMsg),
+    ),
+)]
 async fn get_day_vertical(
     State(ski): Ctx,
     Path((resort, season, day, skier)): Path<(String, String, String, String)>,
@@ -355,39 +419,109 @@ async fn get_day_vertical(
     }
 }
 
-async fn get_resorts(State(ski): Ctx) -> Response {
-    let bounds = ski.config.resorts;
-    let resorts: Vec<Value> = (bounds.min..=bounds.max)
-        .map(|id| json!({"resortName": resort_name(narrow(id)), "resortID": id}))
-        .collect();
-    Json(json!({ "resorts": resorts })).into_response()
+/// Every resort, by ID.
+#[derive(Serialize, ToSchema)]
+struct ResortsList {
+    #[schema(inline)]
+    resorts: Vec<ResortItem>,
 }
 
-async fn get_seasons(State(ski): Ctx, Path(resort): Path<String>) -> Result<Response, SkiError> {
+#[derive(Serialize, ToSchema)]
+struct ResortItem {
+    #[serde(rename = "resortName")]
+    resort_name: String,
+    #[serde(rename = "resortID")]
+    #[schema(value_type = i32)]
+    resort_id: u32,
+}
+
+/// Every resort.
+#[utoipa::path(
+    get,
+    path = RESORTS_ROUTE,
+    tag = TAG,
+    operation_id = "getResorts",
+    responses((status = 200, description = "The resorts, by ID.", body = ResortsList)),
+)]
+async fn get_resorts(State(ski): Ctx) -> Json<ResortsList> {
+    let bounds = ski.config.resorts;
+    let resorts = (bounds.min..=bounds.max)
+        .map(|id| ResortItem {
+            resort_name: resort_name(narrow(id)),
+            resort_id: id,
+        })
+        .collect();
+    Json(ResortsList { resorts })
+}
+
+/// A resort's seasons.
+#[derive(Serialize, ToSchema)]
+struct SeasonsList {
+    /// Years, in order.
+    seasons: Vec<String>,
+}
+
+/// The seasons of a resort: those added to it and those with rides there.
+#[utoipa::path(
+    get,
+    path = SEASONS_ROUTE,
+    tag = TAG,
+    operation_id = "getResortSeasons",
+    params(("resortID" = i32, Path, description = RESORT_ID)),
+    responses(
+        (status = 200, description = "The resort's seasons; a season's rides count once the read model has them.", body = SeasonsList),
+        (status = 400, description = "resortID is not an integer.", body = ResponseMsg),
+        (status = 404, description = "No such resort.", body = ResponseMsg),
+    ),
+)]
+async fn get_seasons(
+    State(ski): Ctx,
+    Path(resort): Path<String>,
+) -> Result<Json<SeasonsList>, SkiError> {
     let resort = ski.resort(&resort)?;
-    let seasons: Vec<String> = ski
+    let seasons = ski
         .seasons(resort)
         .await?
         .iter()
         .map(u16::to_string)
         .collect();
-    Ok(Json(json!({ "seasons": seasons })).into_response())
+    Ok(Json(SeasonsList { seasons }))
 }
 
-/// `year` as the spec has it (a 4-character string) or as a JSON integer.
-#[derive(Deserialize)]
+/// A season to add to a resort.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct NewSeason {
+    /// The season's starting year, as a 4-character string such as "2019" or as an integer: 1900 to
+    /// 2100 unless the server sets `--ski-seasons`.
+    #[schema(inline, example = "2019")]
+    year: Year,
+}
+
+// `year` as the spec has it (a 4-character string) or as a JSON integer.
+#[derive(Deserialize, ToSchema)]
 #[serde(untagged)]
 enum Year {
     Text(String),
     Number(i64),
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SeasonBody {
-    year: Year,
-}
-
+/// Adds a season to a resort.
+///
+/// Adding a season it has already is not an error.
+#[utoipa::path(
+    post,
+    path = SEASONS_ROUTE,
+    tag = TAG,
+    operation_id = "addSeason",
+    params(("resortID" = i32, Path, description = RESORT_ID), IdempotencyKey),
+    request_body(content = inline(NewSeason), description = "The new season."),
+    responses(
+        (status = 201, description = "The resort has the season."),
+        (status = 400, description = "resortID is not an integer, or the year is invalid or out of range.", body = ResponseMsg),
+        (status = 404, description = "No such resort.", body = ResponseMsg),
+    ),
+)]
 async fn post_season(
     State(ski): Ctx,
     Path(resort): Path<String>,
@@ -395,7 +529,7 @@ async fn post_season(
     body: Bytes,
 ) -> Result<Response, SkiError> {
     let resort = ski.resort(&resort)?;
-    let body: SeasonBody = parse_json(&body)?;
+    let body: NewSeason = parse_json(&body)?;
     let season = match body.year {
         Year::Text(text) if text.len() == 4 => ski.season("year", &text)?,
         Year::Text(text) => {
@@ -414,23 +548,86 @@ async fn post_season(
     }
 }
 
+/// The skiers at a resort on one day.
+#[derive(Serialize, ToSchema)]
+struct ResortSkiers {
+    /// The resort's name (the spec names this field `time`).
+    #[schema(example = "Resort 3")]
+    time: String,
+    #[serde(rename = "numSkiers")]
+    #[schema(value_type = i32)]
+    num_skiers: u32,
+}
+
+/// The number of distinct skiers at a resort on one ski day.
+#[utoipa::path(
+    get,
+    path = RESORT_DAY_ROUTE,
+    tag = TAG,
+    operation_id = "getResortSkiersDay",
+    params(
+        ("resortID" = i32, Path, description = RESORT_ID),
+        ("seasonID" = i32, Path, description = SEASON_ID),
+        ("dayID" = i32, Path, description = DAY_ID, minimum = 1, maximum = 366),
+    ),
+    responses(
+        (status = 200, description = "The count, from the read model; 0 for a day without rides.", body = ResortSkiers),
+        (status = 400, description = "A path value is invalid or out of range.", body = ResponseMsg),
+        (status = 404, description = "No such resort.", body = ResponseMsg),
+    ),
+)]
 async fn get_resort_day_skiers(
     State(ski): Ctx,
     Path((resort, season, day)): Path<(String, String, String)>,
-) -> Result<Response, SkiError> {
+) -> Result<Json<ResortSkiers>, SkiError> {
     let resort = ski.resort(&resort)?;
     let season = ski.season("seasonID", &season)?;
     let day = ski.day(&day)?;
-    let skiers = ski.store.unique_skiers(resort, season, day);
-    // The spec names the resort's name field `time`.
-    Ok(Json(json!({ "time": resort_name(resort), "numSkiers": skiers })).into_response())
+    Ok(Json(ResortSkiers {
+        time: resort_name(resort),
+        num_skiers: ski.store.unique_skiers(resort, season, day),
+    }))
 }
 
+/// A skier's vertical at a resort, per season.
+#[derive(Serialize, ToSchema)]
+struct SkierVertical {
+    /// One item per season, in order.
+    #[schema(inline)]
+    resorts: Vec<SeasonVertical>,
+}
+
+#[derive(Serialize, ToSchema)]
+struct SeasonVertical {
+    #[serde(rename = "seasonID")]
+    season_id: String,
+    /// Metres.
+    #[serde(rename = "totalVert")]
+    total_vert: u64,
+}
+
+/// The total vertical of a skier at a resort, per season.
+#[utoipa::path(
+    get,
+    path = SKIER_VERTICAL_ROUTE,
+    tag = TAG,
+    operation_id = "getSkierResortTotals",
+    params(
+        ("skierID" = i32, Path, description = SKIER_ID),
+        ("resort" = Vec<String>, Query, description = "The resort's ID; exactly one.", min_items = 1, max_items = 1),
+        ("season" = Option<Vec<String>>, Query, description = "Seasons to report; every season with rides when absent."),
+    ),
+    responses(
+        (status = 200, description = "The seasons with rides, from the read model.", body = SkierVertical),
+        (status = 400, description = "A path or query value is invalid or out of range, resort is missing or repeated, or another query parameter is given.", body = ResponseMsg),
+        (status = 404, description = "The skier has no ride at this resort in the seasons asked for.", body = ResponseMsg),
+    ),
+)]
 async fn get_skier_vertical(
     State(ski): Ctx,
     Path(skier): Path<String>,
     RawQuery(query): RawQuery,
-) -> Result<Response, SkiError> {
+) -> Result<Json<SkierVertical>, SkiError> {
     let skier = ski.skier(&skier)?;
     let mut resorts = Vec::new();
     let mut seasons = Vec::new();
@@ -458,37 +655,124 @@ async fn get_skier_vertical(
             "no rides for skier {skier} at resort {resort} in the seasons asked for"
         )));
     }
-    let items: Vec<Value> = totals
+    let resorts = totals
         .iter()
-        .map(|(season, vertical)| json!({"seasonID": season.to_string(), "totalVert": vertical}))
+        .map(|(season, vertical)| SeasonVertical {
+            season_id: season.to_string(),
+            total_vert: *vertical,
+        })
         .collect();
-    Ok(Json(json!({ "resorts": items })).into_response())
+    Ok(Json(SkierVertical { resorts }))
 }
 
+/// The days a skier skied in a season.
+#[derive(Serialize, ToSchema)]
+struct SkierSeasonDays {
+    #[serde(rename = "skierID")]
+    skier_id: u32,
+    #[serde(rename = "seasonID")]
+    season_id: String,
+    #[serde(rename = "daysSkied")]
+    days_skied: usize,
+    /// In day order.
+    #[schema(inline)]
+    days: Vec<DaySkied>,
+}
+
+#[derive(Serialize, ToSchema)]
+struct DaySkied {
+    #[serde(rename = "dayID")]
+    day_id: u16,
+    rides: u32,
+    /// Metres.
+    vertical: u64,
+}
+
+/// The days a skier skied in a season, with rides and vertical per day (not in the Ski Data API).
+#[utoipa::path(
+    get,
+    path = DAYS_ROUTE,
+    tag = TAG,
+    operation_id = "getSkierSeasonDays",
+    params(
+        ("skierID" = i32, Path, description = SKIER_ID),
+        ("seasonID" = String, Path, description = SEASON_ID, pattern = "^[0-9]+$"),
+    ),
+    responses(
+        (status = 200, description = "The days, from the read model; none without rides.", body = SkierSeasonDays),
+        (status = 400, description = "A path value is invalid or out of range.", body = ResponseMsg),
+    ),
+)]
 async fn get_days(
     State(ski): Ctx,
     Path((skier, season)): Path<(String, String)>,
-) -> Result<Response, SkiError> {
+) -> Result<Json<SkierSeasonDays>, SkiError> {
     let skier = ski.skier(&skier)?;
     let season = ski.season("seasonID", &season)?;
     let days = ski.store.days_skied(skier, season)?;
-    let items: Vec<Value> = days
-        .iter()
-        .map(|d| json!({"dayID": d.day, "rides": d.rides, "vertical": d.vertical}))
-        .collect();
-    Ok(Json(json!({
-        "skierID": skier,
-        "seasonID": season.to_string(),
-        "daysSkied": days.len(),
-        "days": items,
+    Ok(Json(SkierSeasonDays {
+        skier_id: skier,
+        season_id: season.to_string(),
+        days_skied: days.len(),
+        days: days
+            .iter()
+            .map(|d| DaySkied {
+                day_id: d.day,
+                rides: d.rides,
+                vertical: d.vertical,
+            })
+            .collect(),
     }))
-    .into_response())
 }
 
+/// A skier's lift rides on one day.
+#[derive(Serialize, ToSchema)]
+struct SkierDayLifts {
+    #[serde(rename = "skierID")]
+    skier_id: u32,
+    #[serde(rename = "seasonID")]
+    season_id: String,
+    #[serde(rename = "dayID")]
+    day_id: u16,
+    /// The day's total, in metres.
+    vertical: u64,
+    /// In the order they were stored.
+    #[schema(inline)]
+    lifts: Vec<LiftTaken>,
+}
+
+#[derive(Serialize, ToSchema)]
+struct LiftTaken {
+    #[serde(rename = "resortID")]
+    resort_id: u16,
+    time: u16,
+    #[serde(rename = "liftID")]
+    lift_id: u16,
+    /// Metres.
+    vertical: u64,
+}
+
+/// The lifts a skier rode on one day, at every resort (not in the Ski Data API).
+#[utoipa::path(
+    get,
+    path = LIFTS_ROUTE,
+    tag = TAG,
+    operation_id = "getSkierDayLifts",
+    params(
+        ("skierID" = i32, Path, description = SKIER_ID),
+        ("seasonID" = String, Path, description = SEASON_ID, pattern = "^[0-9]+$"),
+        ("dayID" = String, Path, description = DAY_ID, pattern = "^[0-9]+$"),
+    ),
+    responses(
+        (status = 200, description = "The rides, from the read model.", body = SkierDayLifts),
+        (status = 400, description = "A path value is invalid or out of range.", body = ResponseMsg),
+        (status = 404, description = "The skier has no ride that day.", body = ResponseMsg),
+    ),
+)]
 async fn get_lifts(
     State(ski): Ctx,
     Path((skier, season, day)): Path<(String, String, String)>,
-) -> Result<Response, SkiError> {
+) -> Result<Json<SkierDayLifts>, SkiError> {
     let skier = ski.skier(&skier)?;
     let season = ski.season("seasonID", &season)?;
     let day = ski.day(&day)?;
@@ -498,36 +782,66 @@ async fn get_lifts(
             "no rides for skier {skier} on day {day} of season {season}"
         )));
     }
-    let lifts: Vec<Value> = rides
-        .iter()
-        .map(|r| json!({"resortID": r.resort, "time": r.time, "liftID": r.lift, "vertical": vertical_of(r.lift)}))
-        .collect();
-    let vertical: u64 = rides.iter().map(|r| vertical_of(r.lift)).sum();
-    Ok(Json(json!({
-        "skierID": skier,
-        "seasonID": season.to_string(),
-        "dayID": day,
-        "vertical": vertical,
-        "lifts": lifts,
+    Ok(Json(SkierDayLifts {
+        skier_id: skier,
+        season_id: season.to_string(),
+        day_id: day,
+        vertical: rides.iter().map(|r| vertical_of(r.lift)).sum(),
+        lifts: rides
+            .iter()
+            .map(|r| LiftTaken {
+                resort_id: r.resort,
+                time: r.time,
+                lift_id: r.lift,
+                vertical: vertical_of(r.lift),
+            })
+            .collect(),
     }))
-    .into_response())
 }
 
-async fn get_statistics(State(ski): Ctx) -> Response {
-    Json(ski.stats.report()).into_response()
+/// Request counts and latencies per endpoint of the spec.
+#[utoipa::path(
+    get,
+    path = STATISTICS_ROUTE,
+    tag = TAG,
+    operation_id = "getPerformanceStats",
+    responses((status = 200, description = "The endpoints that served a request.", body = ApiStats)),
+)]
+async fn get_statistics(State(ski): Ctx) -> Json<ApiStats> {
+    Json(ski.stats.report())
 }
 
-/// The consumer's progress: durable rides not yet in the read model, and requests queued before the
-/// partitions (the seed's "queue length" was the broker's depth, which these two together replace).
-async fn get_lag(State(ski): Ctx) -> Response {
-    let lag_records = ski.engine.projection_lag(APP_ID).unwrap_or(0);
-    let queued: usize = ski.engine.health().queue_depth.iter().sum();
-    let rides = ski.store.ride_count();
-    Json(json!({ "lagRecords": lag_records, "queuedRequests": queued, "rides": rides }))
-        .into_response()
+/// The consumer's progress (the seed's "queue length" was the broker's depth, which the first two
+/// together replace).
+#[derive(Serialize, ToSchema)]
+struct ConsumerLag {
+    /// Durable rides not yet in the read model.
+    #[serde(rename = "lagRecords")]
+    lag_records: u64,
+    /// Requests queued before the partitions.
+    #[serde(rename = "queuedRequests")]
+    queued_requests: usize,
+    /// Rides in the read model.
+    rides: u64,
 }
 
-pub(crate) fn routes(engine: EngineHandle, store: Arc<RideStore>, config: SkiConfig) -> Router {
+/// How far the read model lags behind the durable rides (not in the Ski Data API).
+#[utoipa::path(
+    get,
+    path = LAG_ROUTE,
+    tag = TAG,
+    operation_id = "getConsumerLag",
+    responses((status = 200, description = "The lag and the queues.", body = ConsumerLag)),
+)]
+async fn get_lag(State(ski): Ctx) -> Json<ConsumerLag> {
+    Json(ConsumerLag {
+        lag_records: ski.engine.projection_lag(APP_ID).unwrap_or(0),
+        queued_requests: ski.engine.health().queue_depth.iter().sum(),
+        rides: ski.store.ride_count(),
+    })
+}
+
+pub(crate) fn routes(engine: EngineHandle, store: Arc<RideStore>, config: SkiConfig) -> AppRouter {
     let stats = EndpointStats::new(&ENDPOINTS);
     let ski = Arc::new(Ski {
         engine,
@@ -535,16 +849,16 @@ pub(crate) fn routes(engine: EngineHandle, store: Arc<RideStore>, config: SkiCon
         config,
         stats: stats.clone(),
     });
-    Router::new()
-        .route(RIDE_ROUTE, post(post_ride).get(get_day_vertical))
-        .route("/resorts", get(get_resorts))
-        .route(SEASONS_ROUTE, get(get_seasons).post(post_season))
-        .route(RESORT_DAY_ROUTE, get(get_resort_day_skiers))
-        .route(SKIER_VERTICAL_ROUTE, get(get_skier_vertical))
-        .route(DAYS_ROUTE, get(get_days))
-        .route(LIFTS_ROUTE, get(get_lifts))
-        .route("/statistics", get(get_statistics))
-        .route("/ski/lag", get(get_lag))
+    AppRouter::new()
+        .routes(routes!(post_ride, get_day_vertical))
+        .routes(routes!(get_resorts))
+        .routes(routes!(get_seasons, post_season))
+        .routes(routes!(get_resort_day_skiers))
+        .routes(routes!(get_skier_vertical))
+        .routes(routes!(get_days))
+        .routes(routes!(get_lifts))
+        .routes(routes!(get_statistics))
+        .routes(routes!(get_lag))
         .route_layer(axum::middleware::from_fn_with_state(
             stats,
             crate::stats::record,

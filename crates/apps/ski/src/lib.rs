@@ -134,7 +134,7 @@ pub fn module(
             engine
                 .scrub_store(APP_NAME, store.database())
                 .map_err(|e| format!("spawning the ski store's scrub: {e}"))?;
-            Ok(http::routes(engine, store, config).into())
+            Ok(http::routes(engine, store, config))
         }),
         access: spate_server::access::RouteAccess::default(),
         message_only_error_paths: http::PATHS,

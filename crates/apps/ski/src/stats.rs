@@ -8,16 +8,16 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
-use serde_json::{Value, json};
+use serde::Serialize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
+use utoipa::ToSchema;
 
-/// An endpoint: its method, the route as mounted (axum's template) and its URL in the spec.
+/// An endpoint: its method and its route, as mounted and as the spec writes it.
 pub(crate) struct Endpoint {
     pub method: Method,
     pub route: &'static str,
-    pub url: &'static str,
 }
 
 #[derive(Default)]
@@ -55,8 +55,8 @@ impl EndpointStats {
     }
 
     /// The spec's `APIStats`: endpoints that served at least one request.
-    pub fn report(&self) -> Value {
-        let endpoint_stats: Vec<Value> = self
+    pub fn report(&self) -> ApiStats {
+        let endpoint_stats = self
             .endpoints
             .iter()
             .zip(&self.counters)
@@ -67,19 +67,53 @@ impl EndpointStats {
                 }
                 let mean_us = counters.total_us.load(Ordering::Relaxed) / count;
                 let max_us = counters.max_us.load(Ordering::Relaxed);
-                Some(json!({
-                    "URL": endpoint.url,
-                    "operation": endpoint.method.as_str(),
-                    "mean": (mean_us + 500) / 1000,
-                    "max": (max_us + 500) / 1000,
-                    "count": count,
-                    "meanMicros": mean_us,
-                    "maxMicros": max_us,
-                }))
+                Some(EndpointReport {
+                    url: endpoint.route,
+                    operation: endpoint.method.as_str(),
+                    mean_ms: (mean_us + 500) / 1000,
+                    max_ms: (max_us + 500) / 1000,
+                    count,
+                    mean_us,
+                    max_us,
+                })
             })
             .collect();
-        json!({ "endpointStats": endpoint_stats })
+        ApiStats { endpoint_stats }
     }
+}
+
+/// Request counts and latencies per endpoint.
+#[derive(Serialize, ToSchema)]
+#[schema(as = APIStats)]
+pub(crate) struct ApiStats {
+    #[serde(rename = "endpointStats")]
+    #[schema(inline)]
+    endpoint_stats: Vec<EndpointReport>,
+}
+
+#[derive(Serialize, ToSchema)]
+struct EndpointReport {
+    /// The endpoint's path template.
+    #[serde(rename = "URL")]
+    #[schema(example = "/resorts")]
+    url: &'static str,
+    /// The method.
+    #[schema(example = "GET")]
+    operation: &'static str,
+    /// Mean latency in ms, rounded.
+    #[serde(rename = "mean")]
+    mean_ms: u64,
+    /// Highest latency in ms, rounded.
+    #[serde(rename = "max")]
+    max_ms: u64,
+    /// Requests served.
+    count: u64,
+    /// Mean latency in microseconds.
+    #[serde(rename = "meanMicros")]
+    mean_us: u64,
+    /// Highest latency in microseconds.
+    #[serde(rename = "maxMicros")]
+    max_us: u64,
 }
 
 pub(crate) async fn record(
@@ -106,28 +140,27 @@ mod tests {
         Endpoint {
             method: Method::GET,
             route: "/a/{x}",
-            url: "/a/{id}",
         },
         Endpoint {
             method: Method::POST,
             route: "/a/{x}",
-            url: "/a/{id}",
         },
     ];
 
     #[test]
     fn reports_count_mean_and_max_per_endpoint() {
         let stats = EndpointStats::new(&ENDPOINTS);
-        assert_eq!(stats.report(), json!({"endpointStats": []}));
+        let report = || serde_json::to_value(stats.report()).unwrap();
+        assert_eq!(report(), serde_json::json!({"endpointStats": []}));
         stats.record(&Method::POST, "/a/{x}", 1_000);
         stats.record(&Method::POST, "/a/{x}", 3_500);
         stats.record(&Method::DELETE, "/a/{x}", 9_000_000);
-        let report = stats.report();
+        let report = report();
         let rows = report["endpointStats"].as_array().unwrap();
         assert_eq!(rows.len(), 1);
         let row = &rows[0];
         assert_eq!(row["operation"], "POST");
-        assert_eq!(row["URL"], "/a/{id}");
+        assert_eq!(row["URL"], "/a/{x}");
         assert_eq!(row["count"], 2);
         assert_eq!(row["meanMicros"], 2_250);
         assert_eq!(row["maxMicros"], 3_500);
