@@ -204,7 +204,7 @@ impl From<EngineError> for ApiError {
 
 /// A `T` read from a JSON object only. serde's derived structs also read a JSON array of their fields
 /// in order (`[5, 1]` as `{"amount": 5, "tag": 1}`, `[null, null]` as a capture of everything), which
-/// is not the shape any API describes. Request bodies are read through it ([`ApiJson`],
+/// is not the shape any API describes. Request bodies are read through it (`ApiJson<JsonObject<T>>`,
 /// [`from_json_object`]) and struct fields inside them with `#[serde(deserialize_with =
 /// "spate_server::api::json_object")]`.
 pub struct JsonObject<T>(pub T);
@@ -242,7 +242,8 @@ pub fn from_json_object<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> serde
     serde_json::from_slice(bytes).map(|JsonObject(value)| value)
 }
 
-/// A JSON body whose rejection is an [`ApiError`] naming what is wrong (field, type, line and column).
+/// A JSON body whose rejection is an [`ApiError`] naming what is wrong (field, type, line and column);
+/// `ApiJson<JsonObject<T>>` for a body that must be an object (see [`JsonObject`]).
 pub struct ApiJson<T>(pub T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {

@@ -24,7 +24,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use spate_server::api::{IdempotencyKey, command_id, json as json_response};
+use spate_server::api::{IdempotencyKey, JsonObject, command_id, json as json_response};
 use spate_server::openapi::AppRouter;
 use spate_server::{ApiError, ApiJson};
 use std::collections::BTreeMap;
@@ -574,7 +574,7 @@ struct GenerateAnswer {
 async fn generate(
     State(context): State<Context>,
     headers: HeaderMap,
-    ApiJson(body): ApiJson<GenerateBody>,
+    ApiJson(JsonObject(body)): ApiJson<JsonObject<GenerateBody>>,
 ) -> Result<Response, ApiError> {
     let length = body.length.unwrap_or(CASE_STUDY_HISTORY_LEN);
     if body.cards == 0 || body.cards > i32::MAX as u32 || length > 1000 {

@@ -16,7 +16,8 @@ use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use spate_engine::EngineHandle;
 use spate_server::api::{
-    IdempotencyKey, NOT_DOT_SEGMENTS, command_id, json, reachable_in_a_path, reply_bytes,
+    IdempotencyKey, JsonObject, NOT_DOT_SEGMENTS, command_id, json, reachable_in_a_path,
+    reply_bytes,
 };
 use spate_server::openapi::AppRouter;
 use spate_server::{ApiError, ApiJson};
@@ -172,7 +173,7 @@ async fn add_entry(
     State(tally): State<Tally>,
     Path(name): Path<String>,
     headers: HeaderMap,
-    ApiJson(body): ApiJson<EntryBody>,
+    ApiJson(JsonObject(body)): ApiJson<JsonObject<EntryBody>>,
 ) -> Result<Response, ApiError> {
     check_account("account", &name)?;
     let command = Command::Add {
@@ -198,7 +199,7 @@ async fn add_entry(
 async fn transfer(
     State(tally): State<Tally>,
     headers: HeaderMap,
-    ApiJson(body): ApiJson<TransferBody>,
+    ApiJson(JsonObject(body)): ApiJson<JsonObject<TransferBody>>,
 ) -> Result<Response, ApiError> {
     check_account("from", &body.from)?;
     check_account("to", &body.to)?;

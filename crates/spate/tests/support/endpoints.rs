@@ -17,7 +17,7 @@ pub const ENDPOINTS: &[(&str, &str, &str, Need)] = &[
     ("GET", "/tally/accounts/a", "tally", Read),
     ("GET", "/tally/totals", "tally", Read),
     ("POST", "/fraud/transactions", "fraud", Write),
-    ("GET", "/fraud/cards/4111111111111111", "fraud", Read),
+    ("GET", "/fraud/cards/12345678901234", "fraud", Read),
     ("GET", "/fraud/stats", "fraud", Read),
     ("POST", "/fraud/history/generate", "fraud", Admin),
     ("GET", "/leaderboards", "leaderboard", Read),
