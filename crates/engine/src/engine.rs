@@ -12,7 +12,7 @@ use crate::partition::{self, Feed, Internal, Limits, PartitionShared, Request};
 use crate::projection::ProjectionRuntime;
 use crate::scrub::{Scrubs, StoreDamage};
 use crate::{AppId, CommandId, EngineError, Lsn, PartitionId, Reply, StartError};
-use crossbeam_channel::{Receiver, Sender, bounded};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -502,13 +502,13 @@ impl Engine {
             .filter(|&partition| inner.is_here(partition))
             .collect();
         let waits = self.handle.broadcast(&running, Internal::Shutdown);
-        for (partition, wait) in running.iter().zip(waits) {
-            match wait.recv() {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => errors.push(format!("partition {partition}: {error}")),
-                Err(_) => errors.push(format!(
-                    "partition {partition}: thread ended without answering"
-                )),
+        for (&partition, wait) in running.iter().zip(waits) {
+            // The slot is locked only to look: a partition's thread may lock it as it stops.
+            let slot = &inner.slots[usize::from(partition)];
+            let applier_ended =
+                || (slot.threads().as_ref()).is_none_or(|[applier, _]| applier.is_finished());
+            if let Err(error) = await_stopped(&wait, applier_ended) {
+                errors.push(format!("partition {partition}: {error}"));
             }
         }
         for slot in &inner.slots {
@@ -602,6 +602,30 @@ impl Inner {
         self.slots[index].set_queue(Some(queue_tx));
         self.peers.set_here(partition, true);
         Ok([applier, writer])
+    }
+}
+
+/// How often a stop looks whether the partition's thread still runs while it waits for its answer.
+const STOP_POLL_MS: u64 = 100;
+
+/// The answer of a partition's thread to `Internal::Shutdown`. Its internal channel outlives the thread
+/// (it keeps messages for the partition's next start), so a thread that has died (a panic in apply)
+/// neither answers nor drops the reply's sender: the wait ends once `applier_ended` says the thread has.
+fn await_stopped(
+    wait: &Receiver<Result<(), String>>,
+    applier_ended: impl Fn() -> bool,
+) -> Result<(), String> {
+    let ended_without_answer = || Err("the partition thread ended without answering".to_string());
+    loop {
+        match wait.recv_timeout(Duration::from_millis(STOP_POLL_MS)) {
+            Ok(stopped) => return stopped,
+            Err(RecvTimeoutError::Disconnected) => return ended_without_answer(),
+            // It may have answered just before it ended.
+            Err(RecvTimeoutError::Timeout) if applier_ended() => {
+                return wait.try_recv().unwrap_or_else(|_| ended_without_answer());
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+        }
     }
 }
 
@@ -907,9 +931,7 @@ impl EngineHandle {
         inner.peers.set_here(partition, false);
         inner.slots[index].set_queue(None);
         let wait = self.broadcast(&[partition], Internal::Shutdown);
-        let stopped = wait[0]
-            .recv()
-            .unwrap_or_else(|_| Err("the partition thread ended without answering".into()));
+        let stopped = await_stopped(&wait[0], || running[0].is_finished());
         for thread in running {
             if thread.join().is_err() {
                 return Err(format!("a thread of partition {partition} panicked"));
