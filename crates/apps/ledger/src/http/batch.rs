@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use spate_engine::{PartitionId, Pending, Refused};
 use spate_server::ApiError;
 use spate_server::access::Scope;
-use spate_server::api::{ErrorBody, json, reply_bytes};
+use spate_server::api::{ErrorBody, JsonObject, json, reply_bytes};
 use utoipa::ToSchema;
 
 /// Most operations in one batch request.
@@ -64,7 +64,8 @@ fn batch_command(
     operation: &serde_json::value::RawValue,
     scope: &Scope,
 ) -> Result<(TransferId, Command), ApiError> {
-    let operation: BatchOperation = spate_server::api::from_json_object(operation.get().as_bytes())
+    // From the `str`: it is valid UTF-8 already, which reading bytes would check again.
+    let JsonObject(operation) = serde_json::from_str::<JsonObject<BatchOperation>>(operation.get())
         .map_err(|e| validation(format!("invalid operation: {e}")))?;
     Ok(match operation {
         BatchOperation::Prepare(prepare) => {
