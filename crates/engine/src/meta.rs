@@ -1,15 +1,64 @@
-//! `spate.meta`: the partition count a data directory was created with. Keys were placed by it, so it
-//! can never change: a server started with another count would look for every key in the wrong
-//! partition and answer 404 for acknowledged data.
+//! `spate.meta`: the partition count a data directory was created with, and the format version of what
+//! it holds.
 //!
-//! The partitions' directories (`partitions/pNNN`) say the same thing a second way, so a missing or
-//! edited `spate.meta` is caught too. Nothing is written unless the start goes on.
+//! Keys were placed by the partition count, so it can never change: a server started with another count
+//! would look for every key in the wrong partition and answer 404 for acknowledged data. The partitions'
+//! directories (`partitions/pNNN`) say the same thing a second way, so a missing or edited `spate.meta`
+//! is caught too.
+//!
+//! The format version covers everything in the directory whose encoding a binary must know: journal
+//! records and the events in them, snapshots and read-model checkpoints. A change to any of them that an
+//! older binary would misread raises [`DATA_FORMAT_VERSION`]; a binary refuses a directory of a newer
+//! version, naming both, rather than misread it (snapshots and checkpoints also carry a version of their
+//! container, see `snapshot.rs`). A directory from before versions were recorded is version 1.
+//!
+//! Nothing is written unless the start goes on.
 
 use crate::StartError;
 use crate::journal::JournalError;
 use std::path::Path;
 
 const META_FILE: &str = "spate.meta";
+
+/// The format version of the data this binary writes, and the newest it reads.
+pub const DATA_FORMAT_VERSION: u32 = 1;
+
+/// What `spate.meta` records.
+#[derive(Debug, PartialEq, Eq)]
+struct Recorded {
+    partitions: u16,
+    format_version: u32,
+}
+
+impl Recorded {
+    fn to_text(&self) -> String {
+        format!(
+            "partitions = {}\nformat_version = {}\n",
+            self.partitions, self.format_version
+        )
+    }
+
+    /// Reads `text`; a file without `format_version` was written before versions were recorded (1).
+    fn parse(text: &str) -> Result<Self, String> {
+        let mut partitions = None;
+        let mut format_version = None;
+        for line in text.lines().filter(|line| !line.trim().is_empty()) {
+            let (key, value) = (line.split_once('='))
+                .map(|(key, value)| (key.trim(), value.trim()))
+                .ok_or_else(|| format!("the line {line:?} is not `key = value`"))?;
+            let bad_value = || format!("{key} = {value:?} is not a number");
+            match key {
+                "partitions" => partitions = Some(value.parse().map_err(|_| bad_value())?),
+                "format_version" => format_version = Some(value.parse().map_err(|_| bad_value())?),
+                _ => return Err(format!("unknown key {key:?}")),
+            }
+        }
+        Ok(Self {
+            partitions: partitions.ok_or("no `partitions` line")?,
+            format_version: format_version.unwrap_or(1),
+        })
+    }
+}
 
 /// Checks `partitions` against what `data_dir` was created with, and records it in a new data
 /// directory. `every_partition_here` is true when every partition keeps a directory on this disk
@@ -24,20 +73,38 @@ pub(crate) fn check(
         path: path.clone(),
         source,
     };
-    let expected = format!("partitions = {partitions}\n");
-    let recorded = match std::fs::read_to_string(&path) {
-        Ok(found) if found == expected => true,
-        Ok(found) => {
-            return Err(StartError::Config(format!(
-                "{} was created with `{}`, but {partitions} partitions were requested; the \
-                 partition count of a data directory cannot change",
-                data_dir.display(),
-                found.trim()
-            )));
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+    let expected = Recorded {
+        partitions,
+        format_version: DATA_FORMAT_VERSION,
+    };
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(source) => return Err(io(source).into()),
     };
+    let found = (text.as_deref().map(Recorded::parse).transpose())
+        .map_err(|e| StartError::Config(format!("{} cannot be read: {e}", path.display())))?;
+    if let Some(found) = &found {
+        if found.format_version > DATA_FORMAT_VERSION {
+            return Err(StartError::Config(format!(
+                "{} holds data of format version {}, written by a newer spate; this binary \
+                 (spate {}) reads format versions 1 to {DATA_FORMAT_VERSION}; run a binary at least \
+                 as new as the one that wrote it",
+                data_dir.display(),
+                found.format_version,
+                env!("CARGO_PKG_VERSION"),
+            )));
+        }
+        if found.partitions != partitions {
+            return Err(StartError::Config(format!(
+                "{} was created with `partitions = {}`, but {partitions} partitions were requested; \
+                 the partition count of a data directory cannot change",
+                data_dir.display(),
+                found.partitions
+            )));
+        }
+    }
+    let recorded = found.is_some();
     let on_disk = partition_dirs(data_dir)?;
     if let Some(&highest) = on_disk.last() {
         let fewer = highest >= partitions;
@@ -59,15 +126,17 @@ pub(crate) fn check(
             )));
         }
     }
-    if !recorded {
-        if !on_disk.is_empty() {
-            tracing::warn!(
-                partitions,
-                "{META_FILE} was missing in {}; its partitions' directories agree with the count \
-                 requested, so it is written again",
-                data_dir.display()
-            );
-        }
+    if !recorded && !on_disk.is_empty() {
+        tracing::warn!(
+            partitions,
+            "{META_FILE} was missing in {}; its partitions' directories agree with the count \
+             requested, so it is written again",
+            data_dir.display()
+        );
+    }
+    let expected = expected.to_text();
+    // New, missing, or from before versions were recorded.
+    if text.as_deref() != Some(expected.as_str()) {
         std::fs::write(&path, expected).map_err(io)?;
         crate::journal::sync_dir(data_dir)?;
     }
@@ -121,7 +190,10 @@ mod tests {
     fn a_new_data_directory_records_its_count() {
         let dir = tempfile::tempdir().unwrap();
         check(dir.path(), 3, true).unwrap();
-        assert_eq!(meta(dir.path()).as_deref(), Some("partitions = 3\n"));
+        assert_eq!(
+            meta(dir.path()).as_deref(),
+            Some("partitions = 3\nformat_version = 1\n")
+        );
         check(dir.path(), 3, true).unwrap();
         assert!(check(dir.path(), 2, true).is_err());
     }
@@ -136,7 +208,10 @@ mod tests {
             assert_eq!(meta(dir.path()), None, "a refused start wrote the file");
         }
         check(dir.path(), 2, true).unwrap();
-        assert_eq!(meta(dir.path()).as_deref(), Some("partitions = 2\n"));
+        assert_eq!(
+            meta(dir.path()).as_deref(),
+            Some("partitions = 2\nformat_version = 1\n")
+        );
     }
 
     #[test]
@@ -156,5 +231,38 @@ mod tests {
         std::fs::create_dir_all(crate::partition_dir(other.path(), 5)).unwrap();
         assert!(check(other.path(), 4, false).is_err());
         assert_eq!(meta(other.path()), None);
+    }
+
+    #[test]
+    fn a_directory_of_a_newer_format_is_refused_and_an_older_one_is_read() {
+        let dir = with_partition_dirs(2);
+        let newer = "partitions = 2\nformat_version = 7\n";
+        std::fs::write(dir.path().join(META_FILE), newer).unwrap();
+        let error = check(dir.path(), 2, true).unwrap_err().to_string();
+        assert!(error.contains("format version 7"), "{error}");
+        assert!(error.contains("reads format versions 1 to 1"), "{error}");
+        assert_eq!(meta(dir.path()).as_deref(), Some(newer), "left as it was");
+        // Written before versions were recorded: version 1, and the version is added.
+        std::fs::write(dir.path().join(META_FILE), "partitions = 2\n").unwrap();
+        check(dir.path(), 2, true).unwrap();
+        assert_eq!(
+            meta(dir.path()).as_deref(),
+            Some("partitions = 2\nformat_version = 1\n")
+        );
+    }
+
+    #[test]
+    fn a_meta_file_that_cannot_be_read_is_refused() {
+        let dir = with_partition_dirs(2);
+        for text in [
+            "partitions = two\n",
+            "partitions 2\n",
+            "format_version = 1\n",
+            "shards = 2\n",
+        ] {
+            std::fs::write(dir.path().join(META_FILE), text).unwrap();
+            let error = check(dir.path(), 2, true).unwrap_err().to_string();
+            assert!(error.contains("cannot be read"), "{text:?}: {error}");
+        }
     }
 }

@@ -184,6 +184,13 @@ pub(crate) fn recover_partition(
                 tracing::warn!(partition, snapshot = %path.display(), "snapshot LSN disagrees with its name; set aside");
                 set_aside(&path);
             }
+            // Not damaged: an older snapshot or a replay would start from less than it holds.
+            Err(error) if snapshot::is_newer_format(&error) => {
+                return Err(StartError::Unrecoverable(format!(
+                    "partition {partition}: snapshot {} is of {error}",
+                    path.display()
+                )));
+            }
             Err(error) => {
                 tracing::warn!(partition, snapshot = %path.display(), %error, "unreadable snapshot, set aside; trying an older one");
                 set_aside(&path);

@@ -300,6 +300,32 @@ impl<W: Write> SectionWriter<W> {
     }
 }
 
+/// A snapshot or checkpoint written by a newer binary: not damaged, so it is neither set aside nor
+/// replaced; the start is refused instead (see [`is_newer_format`]).
+#[derive(Debug)]
+pub struct NewerFormat {
+    found: u32,
+}
+
+impl std::fmt::Display for NewerFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "format version {} of a newer spate; this binary (spate {}) reads versions 1 to {VERSION}; \
+             run a binary at least as new as the one that wrote it",
+            self.found,
+            env!("CARGO_PKG_VERSION")
+        )
+    }
+}
+
+impl std::error::Error for NewerFormat {}
+
+/// Whether `error` (from [`open`]) says the file is of a newer format.
+pub fn is_newer_format(error: &io::Error) -> bool {
+    (error.get_ref()).is_some_and(|inner| inner.is::<NewerFormat>())
+}
+
 /// Opens a snapshot file and checks its header; the caller parses the sections.
 pub fn open(path: &Path) -> io::Result<SectionReader<BufReader<File>>> {
     let mut input = SectionReader::new(BufReader::with_capacity(1 << 20, File::open(path)?));
@@ -308,10 +334,16 @@ pub fn open(path: &Path) -> io::Result<SectionReader<BufReader<File>>> {
     let mut version = [0; 4];
     input.read_exact(&mut version)?;
     let version = u32::from_le_bytes(version);
-    if &magic != MAGIC || !(1..=VERSION).contains(&version) {
+    if &magic == MAGIC && version > VERSION {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            "not a spate snapshot of a known version",
+            NewerFormat { found: version },
+        ));
+    }
+    if &magic != MAGIC || version == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a spate snapshot",
         ));
     }
     input.end_section("header")?;

@@ -78,6 +78,81 @@ fn a_journal_cut_behind_its_snapshot_is_refused() {
     assert!(log.contains("move that snapshot out of"), "{log}");
 }
 
+/// Issue 20: a data directory, a snapshot or a read model's checkpoint written by a newer binary is
+/// refused at start-up with both versions named, and left as it is: never set aside as damaged (a
+/// snapshot set aside would have been replaced by a replay of a journal that no longer holds what it
+/// covers) and never misread. With the versions back, the same directory starts and answers.
+#[test]
+fn data_of_a_newer_format_is_refused_and_left_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--partitions", "1"];
+    let server = Server::start(dir.path(), &["--apps", "tally", "--partitions", "1"], None);
+    let agent = support::agent();
+    let url = format!("{}/tally/accounts/a/entries", server.base);
+    for tag in 0..20 {
+        let body = serde_json::json!({"amount": 1, "tag": tag});
+        assert_eq!(support::post(&agent, &url, None, &body).unwrap().0, 201);
+    }
+    assert!(
+        server.terminate().success(),
+        "a clean stop writes snapshots"
+    );
+    let only_file = |dir: std::path::PathBuf| {
+        let mut files: Vec<_> = (std::fs::read_dir(dir).unwrap().flatten())
+            .map(|entry| entry.path())
+            .collect();
+        assert_eq!(files.len(), 1, "{files:?}");
+        files.pop().unwrap()
+    };
+    let snapshot = only_file(dir.path().join("partitions/p000/snapshots"));
+    let checkpoint = only_file(dir.path().join("projections"));
+    let meta = dir.path().join("spate.meta");
+    // The container's version follows its 8-byte magic.
+    let set_version = |path: &std::path::Path, version: u32| {
+        let mut bytes = std::fs::read(path).unwrap();
+        bytes[8..12].copy_from_slice(&version.to_le_bytes());
+        std::fs::write(path, bytes).unwrap();
+    };
+    let meta_text = std::fs::read_to_string(&meta).unwrap();
+    assert!(meta_text.contains("format_version = 1"), "{meta_text}");
+    std::fs::write(
+        &meta,
+        meta_text.replace("format_version = 1", "format_version = 2"),
+    )
+    .unwrap();
+    let (status, log) = support::refused_start_up(dir.path(), "tally", &args);
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("format version 2") && log.contains("1 to 1"),
+        "{log}"
+    );
+    std::fs::write(&meta, &meta_text).unwrap();
+
+    let container_version = {
+        let bytes = std::fs::read(&snapshot).unwrap();
+        u32::from_le_bytes(bytes[8..12].try_into().unwrap())
+    };
+    let newer = container_version + 1;
+    for file in [&snapshot, &checkpoint] {
+        set_version(file, newer);
+        let (status, log) = support::refused_start_up(dir.path(), "tally", &args);
+        assert!(!status.success(), "{log}");
+        let both = format!("format version {newer} of a newer spate");
+        assert!(log.contains(&both), "{}: {log}", file.display());
+        assert!(log.contains(&format!("1 to {container_version}")), "{log}");
+        assert!(log.contains(&file.display().to_string()), "{log}");
+        assert!(file.exists(), "{} was left where it was", file.display());
+        set_version(file, container_version);
+    }
+    let server = Server::start(dir.path(), &["--apps", "tally", "--partitions", "1"], None);
+    let (status, account) = support::get(&agent, &format!("{}/tally/accounts/a", server.base));
+    assert_eq!(
+        (status, account["entry_count"].as_u64()),
+        (200, Some(20)),
+        "{account}"
+    );
+}
+
 fn run_seed(seed: u64) {
     let dir = tempfile::tempdir().unwrap();
     // Small segments and frequent snapshots, so that recovery exercises snapshot + replay + segment release;
