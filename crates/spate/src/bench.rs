@@ -111,7 +111,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut report = format!(
         "# spate benchmark report\n\n- machine: {}\n- date: {}\n- journal: {journal}\n- command: `spate {command_line}`\n\n",
         machine(),
-        utc_date(crate::fraud_cli::wall_ms())
+        utc_date(crate::clock::wall_ms())
     );
     for app in apps {
         let section = match app {
@@ -406,7 +406,7 @@ fn fraud(args: &FraudBench, out: &std::path::Path) -> anyhow::Result<String> {
     if args.runs == 0 {
         bail!("--runs must be at least 1");
     }
-    let started_at = crate::fraud_cli::wall_ms();
+    let started_at = crate::clock::wall_ms();
     let data_dir = tempfile::tempdir()?;
     let server = start_server(data_dir.path(), "fraud", args.partitions)?;
     let server_pid = server.child.id();

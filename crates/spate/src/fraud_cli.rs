@@ -1,5 +1,6 @@
 //! `spate fraud ...`: the case-study generator, offline scoring, and stream producers.
 
+use crate::clock::wall_ms;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use spate_fraud::generator::{HistoryGenerator, Seeds, TxnGenerator};
@@ -11,7 +12,7 @@ use spate_fraud::stream::{BATCH_RECORDS_MAX, KIND_HISTORY, KIND_SCORE};
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 #[derive(Subcommand)]
 pub enum FraudCommand {
@@ -51,12 +52,6 @@ pub struct GeneratorArgs {
     pub seed_card: i64,
     #[arg(long, default_value_t = 7)]
     pub seed_timestamp: i64,
-}
-
-pub fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl GeneratorArgs {

@@ -710,7 +710,7 @@ fn scenario(args: &LoadArgs) -> anyhow::Result<Arc<dyn Scenario>> {
                 seed: args.seed,
                 cards: u64::from(args.cards.max(1)),
                 capture: scenario == "authorize-capture",
-                run: crate::fraud_cli::wall_ms(),
+                run: crate::clock::wall_ms(),
             };
             if scenario == "mix" {
                 let prepared = crate::load_payments::prepare_mix(
@@ -738,7 +738,7 @@ fn scenario(args: &LoadArgs) -> anyhow::Result<Arc<dyn Scenario>> {
                 seed: args.seed,
                 cards: args.cards,
                 batch: args.batch,
-                start_ms: crate::fraud_cli::wall_ms(),
+                start_ms: crate::clock::wall_ms(),
             })
         }
         (app, name) => {

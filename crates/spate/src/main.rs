@@ -7,6 +7,7 @@ mod bench_leaderboard;
 mod bench_ledger;
 mod bench_payments;
 mod bench_ski;
+mod clock;
 mod cluster_cli;
 mod config;
 mod fraud_cli;
