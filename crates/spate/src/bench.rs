@@ -507,15 +507,15 @@ fn fraud(args: &FraudBench, out: &std::path::Path) -> anyhow::Result<String> {
 fn tally(args: &BenchArgs) -> anyhow::Result<String> {
     let data_dir = tempfile::tempdir()?;
     let server = start_server(data_dir.path(), "tally", args.fraud.partitions)?;
-    let mut load = crate::load_cli::LoadArgs::new("tally", "adds", &server.http);
+    let mut load = crate::load::args::LoadArgs::new("tally", "adds", &server.http);
     load.connections = args.connections;
     load.duration_s = args.duration_s;
-    let closed = crate::load_cli::load_http(&load)?;
-    crate::load_cli::write_outputs(&closed, &args.out, "tally-adds-closed")?;
+    let closed = crate::load::load_http(&load)?;
+    crate::load::common::write_outputs(&closed, &args.out, "tally-adds-closed")?;
     load.rate = Some((closed.ok_rate_per_s / 2.0).max(1.0));
     load.seed = 2;
-    let open = crate::load_cli::load_http(&load)?;
-    crate::load_cli::write_outputs(&open, &args.out, "tally-adds-open")?;
+    let open = crate::load::load_http(&load)?;
+    crate::load::common::write_outputs(&open, &args.out, "tally-adds-open")?;
     drop(server);
     let mut text = String::from(
         "## tally: POST /tally/accounts/{name}/entries (10,000 accounts, idempotency keys)\n\n",

@@ -9,7 +9,9 @@
 //!    `appendfsync always` (durable before the reply, like spate) and once without persistence.
 
 use crate::bench::{BenchArgs, cpu_seconds, load_table, start_server};
-use crate::load_cli::{LoadArgs, load_http, write_outputs};
+use crate::load::args::LoadArgs;
+use crate::load::common::write_outputs;
+use crate::load::load_http;
 use anyhow::{Context, bail};
 use clap::Args;
 use serde_json::json;
@@ -192,7 +194,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
     let board = crate::bench::get_json(&format!(
         "{}/leaderboards/{}",
         server.http,
-        crate::load_cli::LEADERBOARD_BOARD
+        crate::load::leaderboard::LEADERBOARD_BOARD
     ))?;
     drop(server);
 

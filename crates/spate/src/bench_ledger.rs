@@ -3,7 +3,9 @@
 //! maximum and p99 response time, share of responses over 1 s).
 
 use crate::bench::{BenchArgs, cpu_seconds, get_json, start_server};
-use crate::load_cli::{LoadArgs, load_http, write_outputs};
+use crate::load::args::LoadArgs;
+use crate::load::common::write_outputs;
+use crate::load::load_http;
 use anyhow::Context;
 use clap::Args;
 use serde_json::json;

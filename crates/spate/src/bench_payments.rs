@@ -4,7 +4,9 @@
 //! server of its own so the spool holds exactly the captures the benchmark made.
 
 use crate::bench::{BenchArgs, cpu_seconds, load_table, start_server};
-use crate::load_cli::{LoadArgs, load_http, write_outputs};
+use crate::load::args::LoadArgs;
+use crate::load::common::write_outputs;
+use crate::load::load_http;
 use clap::Args;
 use serde_json::{Value, json};
 use std::time::Instant;

@@ -14,7 +14,9 @@
 //! to reach zero.
 
 use crate::bench::{BenchArgs, cpu_seconds, get_json, load_table, start_server};
-use crate::load_cli::{LoadArgs, load_http, write_outputs};
+use crate::load::args::LoadArgs;
+use crate::load::common::write_outputs;
+use crate::load::load_http;
 use clap::Args;
 use serde_json::json;
 use spate_load::Report;

@@ -292,7 +292,7 @@ fn score_command(args: ScoreArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn stream_config(args: &StreamArgs, kind: u8) -> anyhow::Result<ProducerConfig> {
+pub fn stream_config(args: &StreamArgs, kind: u8) -> anyhow::Result<ProducerConfig> {
     if args.batch == 0 || args.batch > BATCH_RECORDS_MAX {
         bail!("--batch must be 1..={BATCH_RECORDS_MAX}");
     }
@@ -314,7 +314,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// Runs the producer and prints its summary as one JSON line on stdout.
-fn produce(
+pub fn produce(
     config: ProducerConfig,
     next_batch: impl FnMut() -> Option<Vec<u8>>,
 ) -> anyhow::Result<()> {
@@ -393,34 +393,6 @@ fn push_command(args: PushArgs) -> anyhow::Result<()> {
         }
         None => produce(config, args.generator.batches(args.count, batch)),
     }
-}
-
-/// `spate load fraud stream`: the generator through the acknowledged stream, reported like `push`.
-pub fn push_generated(args: &crate::load_cli::LoadArgs) -> anyhow::Result<()> {
-    let stream = StreamArgs {
-        server: args.stream.clone(),
-        batch: args.batch,
-        window: args.connections as usize,
-        producer_id: None,
-        reconnect_for_secs: args.timeout_s.ceil() as u64,
-    };
-    let generator = GeneratorArgs {
-        cards: args.cards,
-        start_ms: None,
-        per_ms: 1000,
-        seed_country: 1,
-        seed_merchant: 1,
-        seed_city: 1,
-        seed_amount: 100,
-        seed_response: 10,
-        seed_card: args.seed as i64,
-        seed_timestamp: 7,
-    };
-    let count = args.requests.unwrap_or(10_000_000);
-    produce(
-        stream_config(&stream, KIND_SCORE)?,
-        generator.batches(count, args.batch),
-    )
 }
 
 fn pull_command(args: PullArgs) -> anyhow::Result<()> {

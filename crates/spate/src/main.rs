@@ -12,8 +12,7 @@ mod cluster_cli;
 mod config;
 mod fraud_cli;
 mod ledger_cli;
-mod load_cli;
-mod load_payments;
+mod load;
 mod payments_cli;
 
 use anyhow::Context;
@@ -44,7 +43,7 @@ enum Commands {
     #[command(subcommand)]
     Payments(payments_cli::PaymentsCommand),
     /// Drive a running server with a scenario and report throughput, latency and errors.
-    Load(load_cli::LoadArgs),
+    Load(load::args::LoadArgs),
     /// Benchmarks that start their own server and write a report.
     Bench(bench::BenchArgs),
     /// API keys for a server started with --auth.
@@ -81,7 +80,7 @@ fn main() -> anyhow::Result<()> {
         Commands::Payments(command) => payments_cli::run(command),
         Commands::Ledger(command) => ledger_cli::run(command),
         Commands::Bench(command) => bench::run(command),
-        Commands::Load(args) => load_cli::run(args),
+        Commands::Load(args) => load::run(args),
         Commands::Cluster(command) => cluster_cli::run(command),
         Commands::Auth(command) => auth_cli::run(command),
     }

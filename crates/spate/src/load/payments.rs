@@ -1,7 +1,7 @@
 //! The payments scenarios of `spate load payments ...`: authorizations (optionally captured at once) and
 //! a mix of authorizations, partial captures and partial refunds.
 
-use crate::load_cli::mix64;
+use super::common::mix64;
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use spate_load::{Request, Scenario};
