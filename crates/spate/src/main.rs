@@ -2,11 +2,6 @@
 
 mod auth_cli;
 mod bench;
-mod bench_cluster;
-mod bench_leaderboard;
-mod bench_ledger;
-mod bench_payments;
-mod bench_ski;
 mod clock;
 mod cluster_cli;
 mod config;
@@ -45,7 +40,7 @@ enum Commands {
     /// Drive a running server with a scenario and report throughput, latency and errors.
     Load(load::args::LoadArgs),
     /// Benchmarks that start their own server and write a report.
-    Bench(bench::BenchArgs),
+    Bench(bench::args::BenchArgs),
     /// API keys for a server started with --auth.
     #[command(subcommand)]
     Auth(auth_cli::AuthCommand),

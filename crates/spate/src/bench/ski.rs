@@ -13,30 +13,17 @@
 //! model) and the requests queued before the partitions; after each run it times how long the lag takes
 //! to reach zero.
 
-use crate::bench::{BenchArgs, cpu_seconds, get_json, load_table, start_server};
+use super::args::BenchArgs;
+use super::common::{cpu_seconds, get_json, load_table, start_server};
 use crate::load::args::LoadArgs;
 use crate::load::common::write_outputs;
 use crate::load::load_http;
-use clap::Args;
 use serde_json::json;
 use spate_load::Report;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-
-#[derive(Args)]
-pub struct SkiBench {
-    /// ski: totals of POSTs, each run as 32 x 1,000 then the rest with --ski-connections
-    #[arg(long, value_delimiter = ',', default_values_t = [200_000u64, 500_000])]
-    ski_totals: Vec<u64>,
-    /// ski: connections of the second phase (the seed's 168 client threads)
-    #[arg(long, default_value_t = 168)]
-    ski_connections: u32,
-    /// ski: queries per second offered while POSTs run
-    #[arg(long, default_value_t = 2_000.0)]
-    ski_query_rate: f64,
-}
 
 /// The seed's first phase: 32 threads, 1,000 POSTs each.
 const FIRST_PHASE_CONNECTIONS: u32 = 32;

@@ -8,31 +8,18 @@
 //!    ZREVRANK at the peak's connection count, and pipelines of ZINCRBY as the bulk peer, once with
 //!    `appendfsync always` (durable before the reply, like spate) and once without persistence.
 
-use crate::bench::{BenchArgs, cpu_seconds, load_table, start_server};
+use super::args::BenchArgs;
+use super::common::{cpu_seconds, load_table, start_server};
 use crate::load::args::LoadArgs;
 use crate::load::common::write_outputs;
 use crate::load::load_http;
 use anyhow::{Context, bail};
-use clap::Args;
 use serde_json::json;
 use spate_load::Report;
 use std::cell::{Cell, RefCell};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-#[derive(Args)]
-pub struct LeaderboardBench {
-    /// leaderboard: closed-loop connection counts tried for single updates; the best is the peak
-    #[arg(long, value_delimiter = ',', default_values_t = [16u32, 32, 64])]
-    leaderboard_connections: Vec<u32>,
-    /// leaderboard: updates per bulk request
-    #[arg(long, default_value_t = 100)]
-    leaderboard_batch: usize,
-    /// leaderboard: distinct users (the case study's load test had 100,000)
-    #[arg(long, default_value_t = 100_000)]
-    leaderboard_users: u64,
-}
 
 /// Shares of the closed-loop peak offered in the open-loop runs (the latency target names 80%).
 const OPEN_LOOP_SHARES: [f64; 2] = [0.5, 0.8];
@@ -191,7 +178,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
         bulk_closed.ok_rate_per_s,
         "leaderboard-bulk",
     )?;
-    let board = crate::bench::get_json(&format!(
+    let board = super::common::get_json(&format!(
         "{}/leaderboards/{}",
         server.http,
         crate::load::leaderboard::LEADERBOARD_BOARD

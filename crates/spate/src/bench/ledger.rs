@@ -2,51 +2,14 @@
 //! then fulfil over HTTP, reported as the seed's tables do (financial transfers/s, average, minimum,
 //! maximum and p99 response time, share of responses over 1 s).
 
-use crate::bench::{BenchArgs, cpu_seconds, get_json, start_server};
+use super::args::BenchArgs;
+use super::common::{cpu_seconds, get_json, start_server};
 use crate::load::args::LoadArgs;
 use crate::load::common::write_outputs;
 use crate::load::load_http;
 use anyhow::Context;
-use clap::Args;
 use serde_json::json;
 use spate_load::Series;
-
-#[derive(Args)]
-pub struct LedgerBench {
-    /// ledger: numbers of simulated FSPs, one run each (the PoC's tables used 8, 16 and 32)
-    #[arg(long, value_delimiter = ',', default_values_t = [8u32, 16, 32])]
-    ledger_participants: Vec<u32>,
-    /// ledger: closed-loop connections of each run
-    #[arg(long, default_value_t = 64)]
-    ledger_connections: u32,
-    /// ledger: batch runs as CONNECTIONSxOPERATIONS (TigerBeetle-style batches of 8,000 from a few
-    /// clients, and many clients with small batches)
-    #[arg(long, value_delimiter = ',', default_values_t = ["4x8000".to_string(), "64x100".to_string(), "64x10".to_string()])]
-    ledger_batches: Vec<String>,
-    /// ledger: server partition counts, a fresh server and every run above for each (with one, every
-    /// step of a transfer is local and shares its group commit)
-    #[arg(long, value_delimiter = ',', default_values_t = [1u16, 2])]
-    ledger_partitions: Vec<u16>,
-    /// ledger: instead of the runs above, one run of prepare then fulfil this long on a fresh server
-    /// (16 FSPs, the first of --ledger-partitions), with the server's memory and disk sampled every
-    /// 10 s: the PoC's acceptance test is one hour at 6,020 financial transfers/s
-    #[arg(long, default_value_t = 0.0)]
-    ledger_soak_s: f64,
-    /// ledger: instead of the runs above, store this many transfers with the batch API on a fresh
-    /// server (the first of --ledger-partitions), then read random ones (`GET /transfers/{id}`) while
-    /// the batch load goes on, for --duration-s
-    #[arg(long, default_value_t = 0)]
-    ledger_history: u64,
-    /// ledger: with --ledger-history, the rate of the second read run, open loop (the first is
-    /// closed loop, as many reads as 4 connections get)
-    #[arg(long, default_value_t = 1000.0)]
-    ledger_history_read_rate: f64,
-    /// ledger: with --ledger-history, a third read run, open loop at --ledger-history-read-rate, under
-    /// a batch load held to this many transfers/s (open loop, batches of 100) instead of as many as 4
-    /// connections get; 0 skips it
-    #[arg(long, default_value_t = 20_000.0)]
-    ledger_history_write_rate: f64,
-}
 
 /// Operations per request of the paced batch load of `--ledger-history-write-rate`: small enough that
 /// no request holds a core for long.
@@ -248,7 +211,7 @@ fn sampled<T>(pid: u32, dir: &std::path::Path, run: impl FnOnce() -> T) -> (T, V
             while !stop.load(Ordering::Relaxed) {
                 samples.push(Sample {
                     elapsed_s: started.elapsed().as_secs_f64(),
-                    rss_bytes: crate::bench::rss_bytes(pid).unwrap_or(0),
+                    rss_bytes: super::common::rss_bytes(pid).unwrap_or(0),
                     archive_bytes: disk_bytes(&dir.join("archive")),
                     data_bytes: disk_bytes(dir),
                 });
@@ -412,7 +375,7 @@ fn history(args: &BenchArgs) -> anyhow::Result<String> {
             write_report.ok_rate_per_s * writes_batch / 2.0,
         ));
     }
-    let rss = crate::bench::rss_bytes(server.pid())?;
+    let rss = super::common::rss_bytes(server.pid())?;
     // Restart to serving: from kill -9 to a server that listens (recovery is done by then), then
     // random old transfers read from it.
     server.kill9()?;
@@ -420,7 +383,7 @@ fn history(args: &BenchArgs) -> anyhow::Result<String> {
     let restarting = std::time::Instant::now();
     let server = start_server(data_dir.path(), "ledger", Some(partitions))?;
     let restart_s = restarting.elapsed().as_secs_f64();
-    let rss_restarted = crate::bench::rss_bytes(server.pid())?;
+    let rss_restarted = super::common::rss_bytes(server.pid())?;
     let mut after = old_reads(&server.http);
     (after.requests, after.warmup_s) = (Some(10_000), 0.0);
     let after = load_http(&after)?;

@@ -3,33 +3,13 @@
 //! the authorize/capture/refund mix; and settlement of a large spool of pending captures into files, on a
 //! server of its own so the spool holds exactly the captures the benchmark made.
 
-use crate::bench::{BenchArgs, cpu_seconds, load_table, start_server};
+use super::args::BenchArgs;
+use super::common::{cpu_seconds, load_table, start_server};
 use crate::load::args::LoadArgs;
 use crate::load::common::write_outputs;
 use crate::load::load_http;
-use clap::Args;
 use serde_json::{Value, json};
 use std::time::Instant;
-
-#[derive(Args)]
-pub struct PaymentsBench {
-    /// payments: closed-loop runs of authorizations; the report quotes their median
-    #[arg(long, default_value_t = 3)]
-    payments_runs: usize,
-    /// payments: connections of the closed-loop runs
-    #[arg(long, default_value_t = 64)]
-    payments_connections: u32,
-    /// payments: shares of the median peak offered in the open-loop runs
-    #[arg(long, value_delimiter = ',', default_values_t = [0.5f64, 0.8])]
-    payments_open_shares: Vec<f64>,
-    /// payments: connections of the open-loop runs. More connections cost the load generator's pacer
-    /// CPU on the server's two cores; fewer cap the rate at 80% of the peak (BENCHMARKS.md)
-    #[arg(long, default_value_t = 32)]
-    payments_open_connections: u32,
-    /// payments: pending captures settled into files in the settlement run
-    #[arg(long, default_value_t = 1_000_000)]
-    payments_settle_captures: u64,
-}
 
 /// The seed's figure after its work: 500 transactions/s.
 const SEED_PER_S: f64 = 500.0;

@@ -7,19 +7,12 @@
 //! every partition has an owner again. At the end every account must hold exactly the acknowledged adds
 //! (none lost, none applied twice).
 
-use crate::bench::{BenchArgs, Spawned, get_json, machine, median, serve};
+use super::args::BenchArgs;
+use super::common::{Spawned, get_json, machine, median, serve};
 use anyhow::{Context, bail};
-use clap::Args;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-
-#[derive(Args)]
-pub struct ClusterBench {
-    /// Node kills of `spate bench cluster`
-    #[arg(long, default_value_t = 20)]
-    pub kills: usize,
-}
 
 const NODES: usize = 3;
 const PARTITIONS: u16 = 6;

@@ -1,0 +1,332 @@
+//! What every benchmark shares: starting and stopping servers (`Spawned`), their longest apply pauses,
+//! the process's CPU and memory, the report's date and machine, and the table of load runs.
+
+use anyhow::Context;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+/// The Kafka cluster every server of this run journals to (`--kafka`), set once by [`super::run`]: the
+/// servers are started from every app's benchmark, and none of them needs to know.
+pub static KAFKA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+/// Servers started so far: each gets a topic of its own.
+static SERVERS_STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+pub struct Spawned {
+    child: Child,
+    pub http: String,
+    pub stream: String,
+    /// The payments key-encrypting key and the fraud card key, beside the temporary data directory
+    /// (a journal on Kafka needs keys that outlive it); removed with the server.
+    kek_file: PathBuf,
+    fraud_key_file: PathBuf,
+    /// Killed and waited for: its pid may belong to another process now.
+    reaped: bool,
+}
+
+impl Spawned {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills the server with SIGKILL (no shutdown of any kind) and reaps it.
+    pub fn kill9(mut self) -> anyhow::Result<()> {
+        self.record_longest_pause();
+        self.child.kill().context("SIGKILL")?;
+        self.child.wait().context("reaping the server")?;
+        self.reaped = true;
+        Ok(())
+    }
+
+    /// Notes the server's longest apply pause (from its `/metrics`) for the report of the benchmark
+    /// running now: see [`take_longest_pause`]. A server that does not answer adds nothing; it is said.
+    fn record_longest_pause(&self) {
+        let metrics = match ureq::get(format!("{}/metrics", self.http))
+            .call()
+            .and_then(|mut r| r.body_mut().read_to_string())
+        {
+            Ok(metrics) => metrics,
+            Err(error) => {
+                eprintln!("could not read the server's pauses from its /metrics: {error}");
+                return;
+            }
+        };
+        let mut longest = LONGEST_PAUSES.lock().expect("never poisoned");
+        let LongestPauses { wall, cpu } = &mut *longest;
+        for (gauge, longest) in [(PAUSE_GAUGE, wall), (PAUSE_CPU_GAUGE, cpu)] {
+            if let Some(pause) = longest_pause(&metrics, gauge)
+                && longest.as_ref().is_none_or(|l| pause.seconds > l.seconds)
+            {
+                *longest = Some(pause);
+            }
+        }
+    }
+}
+
+/// The longest interval in which a partition could not apply, as `/metrics` gives it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pause {
+    pub seconds: f64,
+    pub cause: String,
+    pub partition: String,
+}
+
+/// The longest pause, and the most CPU time one pause took, of the servers stopped since the last
+/// [`take_longest_pause`].
+#[derive(Default)]
+struct LongestPauses {
+    wall: Option<Pause>,
+    cpu: Option<Pause>,
+}
+
+static LONGEST_PAUSES: std::sync::Mutex<LongestPauses> = std::sync::Mutex::new(LongestPauses {
+    wall: None,
+    cpu: None,
+});
+
+const PAUSE_GAUGE: &str = "spate_apply_pause_max_seconds";
+const PAUSE_CPU_GAUGE: &str = "spate_apply_pause_cpu_max_seconds";
+
+/// The longest pause of the servers stopped since the last call, as a line for a benchmark's report.
+pub fn take_longest_pause() -> String {
+    let LongestPauses { wall, cpu } =
+        std::mem::take(&mut *LONGEST_PAUSES.lock().expect("never poisoned"));
+    let Some(wall) = wall else {
+        return "Longest apply pause of this benchmark's servers: none recorded.\n".into();
+    };
+    let mut line = format!(
+        "Longest apply pause of this benchmark's servers: **{:.1} ms** ({}, partition {})",
+        wall.seconds * 1e3,
+        wall.cause,
+        wall.partition
+    );
+    if let Some(cpu) = cpu {
+        line += &format!(
+            "; the most CPU time one pause took: {:.1} ms ({}, partition {}), the rest of a pause \
+             is waiting for a core",
+            cpu.seconds * 1e3,
+            cpu.cause,
+            cpu.partition
+        );
+    }
+    line + ".\n"
+}
+
+/// Parses the largest `<gauge>{partition="P",cause="C"} S` line of a scrape.
+fn longest_pause(metrics: &str, gauge: &str) -> Option<Pause> {
+    metrics
+        .lines()
+        .filter_map(|line| {
+            let labels = line.strip_prefix(gauge)?.strip_prefix('{')?;
+            let (labels, value) = labels.split_once("} ")?;
+            let label = |name: &str| {
+                let start = labels.find(&format!("{name}=\""))? + name.len() + 2;
+                let end = start + labels[start..].find('"')?;
+                Some(labels[start..end].to_string())
+            };
+            Some(Pause {
+                seconds: value.trim().parse().ok()?,
+                cause: label("cause")?,
+                partition: label("partition")?,
+            })
+        })
+        .max_by(|a, b| a.seconds.total_cmp(&b.seconds))
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        // SIGTERM first so the server can stop cleanly; then make sure it is gone.
+        if !self.reaped {
+            self.record_longest_pause();
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let _ = self.child.wait();
+        }
+        let _ = std::fs::remove_file(&self.kek_file);
+        let _ = std::fs::remove_file(&self.fraud_key_file);
+    }
+}
+
+pub fn start_server(
+    data_dir: &std::path::Path,
+    app: &str,
+    partitions: Option<u16>,
+) -> anyhow::Result<Spawned> {
+    let mut args = vec![
+        "--apps".to_string(),
+        app.into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--fraud-stream-listen".into(),
+        "127.0.0.1:0".into(),
+    ];
+    if let Some(partitions) = partitions {
+        args.extend(["--partitions".into(), partitions.to_string()]);
+    }
+    if let Some(kafka) = KAFKA.get() {
+        let server = SERVERS_STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let topic = format!("bench-{}-{server}", std::process::id());
+        args.extend([
+            "--kafka".into(),
+            kafka.clone(),
+            "--kafka-topic".into(),
+            topic,
+        ]);
+    }
+    serve(data_dir, &args)
+}
+
+/// Starts `spate serve --data-dir <data_dir> <args>` and waits until it listens.
+pub fn serve(data_dir: &std::path::Path, args: &[String]) -> anyhow::Result<Spawned> {
+    let kek_file = data_dir.with_extension("kek");
+    let fraud_key_file = data_dir.with_extension("fraud-key");
+    let mut command = Command::new(std::env::current_exe()?);
+    command
+        .arg("serve")
+        .args(args)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .env("SPATE_KEK_FILE", &kek_file)
+        .env("SPATE_FRAUD_KEY_FILE", &fraud_key_file)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    let mut child = command.spawn().context("starting spate serve")?;
+    let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    let mut stream = None;
+    loop {
+        let line = lines.next().context("server exited before listening")??;
+        if let Some(address) = line.strip_prefix("spate fraud stream on ") {
+            stream = Some(address.to_string());
+        } else if let Some(http) = line.strip_prefix("spate listening on ") {
+            return Ok(Spawned {
+                child,
+                http: http.to_string(),
+                stream: stream.unwrap_or_default(),
+                kek_file,
+                fraud_key_file,
+                reaped: false,
+            });
+        }
+    }
+}
+
+/// User and system CPU seconds a process has used so far, from /proc.
+pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after_name = &stat[stat.rfind(')').context("malformed /proc stat")? + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+    Ok(ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
+}
+
+pub fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .context("no VmRSS")?;
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .context("no VmRSS value")?
+        .parse()?;
+    Ok(kib * 1024)
+}
+
+/// A wall-clock time in ms as ISO 8601 in UTC (`2026-11-26T03:58:00.123Z`), as every report dates itself.
+pub fn utc_date(ms: u64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| format!("{ms} ms after the epoch"))
+}
+
+/// The machine a report was measured on: cores, CPU model, memory.
+pub fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let memory_gib = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0 / 1024.0);
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores ({model}), {memory_gib:.0} GiB")
+}
+
+pub fn get_json(url: &str) -> anyhow::Result<Value> {
+    Ok(ureq::get(url).call()?.body_mut().read_json()?)
+}
+
+pub fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// A Markdown table of load runs: `(label, report, chart file stem)`.
+pub fn load_table(rows: &[(&str, &spate_load::Report, &str)]) -> String {
+    let mut text = String::from(
+        "| run | connections | offered/s | achieved/s | errors | p50 | p90 | p99 | p99.9 | max | chart |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for (label, report, stem) in rows {
+        let l = &report.latency;
+        let ms = |us: u64| format!("{:.2} ms", us as f64 / 1000.0);
+        text += &format!(
+            "| {label} | {} | {} | {:.0} | {:.3}% | {} | {} | {} | {} | {} | [svg]({stem}.svg) |\n",
+            report.connections,
+            report
+                .offered_rate_per_s
+                .map_or_else(|| "-".to_string(), |r| format!("{r:.0}")),
+            report.achieved_rate_per_s,
+            report.error_share * 100.0,
+            ms(l.p50_us),
+            ms(l.p90_us),
+            ms(l.p99_us),
+            ms(l.p999_us),
+            ms(l.max_us),
+        );
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_pause_is_read_from_a_scrape() {
+        let scrape = "# HELP spate_apply_pause_max_seconds The longest ...\n\
+            spate_apply_pause_max_seconds{partition=\"0\",cause=\"snapshot\"} 0.25\n\
+            spate_apply_pause_max_seconds{partition=\"1\",cause=\"journal\"} 0.5\n\
+            spate_apply_pause_seconds_sum{partition=\"1\",cause=\"journal\"} 9.0\n";
+        assert_eq!(
+            longest_pause(scrape, PAUSE_GAUGE),
+            Some(Pause {
+                seconds: 0.5,
+                cause: "journal".into(),
+                partition: "1".into()
+            })
+        );
+        assert_eq!(longest_pause(scrape, PAUSE_CPU_GAUGE), None);
+        let scrape =
+            format!("{scrape}{PAUSE_CPU_GAUGE}{{partition=\"0\",cause=\"snapshot\"}} 0.125\n");
+        assert_eq!(
+            longest_pause(&scrape, PAUSE_CPU_GAUGE).map(|p| p.seconds),
+            Some(0.125)
+        );
+        assert_eq!(
+            longest_pause("spate_commands_applied_total 3\n", PAUSE_GAUGE),
+            None
+        );
+    }
+}
