@@ -7,7 +7,7 @@ use std::path::PathBuf;
 pub struct LoadArgs {
     /// The app (`server`, `tally`, `fraud`, `leaderboard`, or `redis` for the peer)
     pub app: String,
-    /// The scenario (see `--list`)
+    /// The scenario (an unknown one lists the known scenarios)
     pub scenario: String,
     /// Server base URL
     #[arg(long, default_value = "http://127.0.0.1:8080")]
