@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-/// The Kafka cluster every server of this run journals to (`--kafka`), set once by [`super::run`]: the
+/// The Kafka cluster every server of this run journals to (`--kafka`), set once by `run` in `mod.rs`: the
 /// servers are started from every app's benchmark, and none of them needs to know.
 pub static KAFKA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 /// Servers started so far: each gets a topic of its own.
