@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 #[derive(Args, Clone)]
 pub struct LoadArgs {
-    /// The app (`server`, `tally`, `fraud`, `leaderboard`, or `redis` for the peer)
+    /// The app (`server`, `tally`, `fraud`, `leaderboard`, `ski`, `ledger`, `payments`, or `redis` for the peer)
     pub app: String,
     /// The scenario (an unknown one lists the known scenarios)
     pub scenario: String,
