@@ -140,8 +140,17 @@ pub trait StateMachine: Any + Send {
 
 /// A read model built from an app's events, on its own thread; it may lag the partitions.
 pub trait Projection: Send + Sync {
-    /// Called for every event of this app in journal order per partition (partitions interleave).
-    fn apply(&mut self, partition: PartitionId, lsn: Lsn, timestamp_ms: u64, event: &[u8]);
+    /// Called for every event of this app in journal order per partition (partitions interleave). An
+    /// event it cannot read is an error, never skipped: the read model would then be wrong. At start-up
+    /// the engine refuses to start, naming the record; while serving, the read model stops (see
+    /// `projection.rs`).
+    fn apply(
+        &mut self,
+        partition: PartitionId,
+        lsn: Lsn,
+        timestamp_ms: u64,
+        event: &[u8],
+    ) -> io::Result<()>;
     /// Called after each run of events the projection was handed (a group commit's, what a replay read)
     /// and before every checkpoint: a read model that writes its events in batches writes them here.
     fn flush(&mut self) {}

@@ -156,8 +156,9 @@ impl ProjectionRuntime {
         let record = RecordRef::decode(kind, body).map_err(|e| format!("record {lsn}: {e}"))?;
         if record.envelope.app == self.app {
             for event in record.events() {
-                self.projection
-                    .apply(partition, lsn, record.envelope.timestamp_ms, event);
+                (self.projection)
+                    .apply(partition, lsn, record.envelope.timestamp_ms, event)
+                    .map_err(|e| format!("an event of record {lsn} cannot be read: {e}"))?;
             }
             self.since_checkpoint += 1;
             self.bytes_since_checkpoint += body.len() as u64;

@@ -123,8 +123,16 @@ pub struct LedgerProjection {
 }
 
 impl Projection for LedgerProjection {
-    fn apply(&mut self, _partition: PartitionId, _lsn: Lsn, _timestamp_ms: u64, event: &[u8]) {
-        let event: Event = decode(event).expect("the ledger emits only events it encoded");
+    fn apply(
+        &mut self,
+        _partition: PartitionId,
+        _lsn: Lsn,
+        _timestamp_ms: u64,
+        event: &[u8],
+    ) -> io::Result<()> {
+        let event: Event = decode(event).map_err(|e| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("a ledger event: {e}"))
+        })?;
         let settled = match &event {
             Event::TransferChanged { id, state } if *state != TransferState::Received => {
                 Some((*id, *state))
@@ -145,6 +153,7 @@ impl Projection for LedgerProjection {
                 let _ = waiter.send(state);
             }
         }
+        Ok(())
     }
 
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {

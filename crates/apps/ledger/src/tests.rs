@@ -706,3 +706,16 @@ fn the_entry_log_pages_across_its_chunks_in_memory_and_archived() {
     assert!(log.page(count as usize, 3, chunk).unwrap().is_empty());
     assert!(log.page(usize::MAX / 2, 3, chunk).unwrap().is_empty());
 }
+
+/// See the same test in payments' model: an event the read model cannot read is an error for the
+/// engine to report, not a panic and never skipped.
+#[test]
+fn an_event_the_model_cannot_read_is_an_error() {
+    use spate_engine::Projection;
+    let mut projection = crate::model::LedgerProjection {
+        model: Default::default(),
+        waiters: Default::default(),
+    };
+    let error = projection.apply(0, 7, 0, &[0xff; 3]).unwrap_err();
+    assert!(error.to_string().contains("a ledger event"), "{error}");
+}

@@ -270,10 +270,19 @@ impl PaymentsProjection {
 }
 
 impl Projection for PaymentsProjection {
-    fn apply(&mut self, partition: PartitionId, lsn: Lsn, timestamp_ms: u64, event: &[u8]) {
-        let event: Event = decode(event).expect("the payments app emits only events it encoded");
+    fn apply(
+        &mut self,
+        partition: PartitionId,
+        lsn: Lsn,
+        timestamp_ms: u64,
+        event: &[u8],
+    ) -> io::Result<()> {
+        let event: Event = decode(event).map_err(|e| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("a payments event: {e}"))
+        })?;
         self.write_model()
             .apply(partition, lsn, timestamp_ms, event);
+        Ok(())
     }
 
     fn flush(&mut self) {
@@ -503,6 +512,15 @@ mod tests {
         }
     }
 
+    /// An event the read model cannot read is an error for the engine to report (a refused start,
+    /// naming the record), not a panic and never skipped.
+    #[test]
+    fn an_event_it_cannot_read_is_an_error() {
+        let (model, _dir) = model(16);
+        let error = projection(model).apply(0, 7, 0, &[0xff; 3]).unwrap_err();
+        assert!(error.to_string().contains("a payments event"), "{error}");
+    }
+
     fn checkpoint(projection: &mut PaymentsProjection) -> Vec<u8> {
         projection.flush();
         let mut bytes = Vec::new();
@@ -549,11 +567,15 @@ mod tests {
         let (first, second) = events.split_at(2);
         let mut before_crash = projection(open());
         for (lsn, event) in first.iter().enumerate() {
-            before_crash.apply(0, lsn as Lsn, 0, &encode(event));
+            before_crash
+                .apply(0, lsn as Lsn, 0, &encode(event))
+                .unwrap();
         }
         let at_checkpoint = checkpoint(&mut before_crash);
         for (lsn, event) in second.iter().enumerate() {
-            before_crash.apply(0, (first.len() + lsn) as Lsn, 0, &encode(event));
+            before_crash
+                .apply(0, (first.len() + lsn) as Lsn, 0, &encode(event))
+                .unwrap();
         }
         before_crash.flush();
         let expected = listed(&before_crash, None);
@@ -562,7 +584,9 @@ mod tests {
         let mut restarted = projection(open());
         restarted.restore(&mut &at_checkpoint[..], &[]).unwrap();
         for (lsn, event) in second.iter().enumerate() {
-            restarted.apply(0, (first.len() + lsn) as Lsn, 0, &encode(event));
+            restarted
+                .apply(0, (first.len() + lsn) as Lsn, 0, &encode(event))
+                .unwrap();
         }
         restarted.flush();
         assert_eq!(listed(&restarted, None), expected);
@@ -588,12 +612,14 @@ mod tests {
     fn a_store_behind_its_checkpoint_is_refused() {
         let (written, _dir) = model(10);
         let mut written = projection(written);
-        written.apply(
-            0,
-            7,
-            0,
-            &encode(&changed(payment(1, 10, "a", Status::Authorized))),
-        );
+        written
+            .apply(
+                0,
+                7,
+                0,
+                &encode(&changed(payment(1, 10, "a", Status::Authorized))),
+            )
+            .unwrap();
         let at_checkpoint = checkpoint(&mut written);
         let (empty, _other_dir) = model(10);
         let error = projection(empty)
@@ -612,7 +638,8 @@ mod tests {
             payment(2, 20, "b", Status::Declined),
         ];
         for (lsn, payment) in payments.iter().enumerate() {
-            old.apply(0, lsn as Lsn, 0, &encode(&changed(payment.clone())));
+            old.apply(0, lsn as Lsn, 0, &encode(&changed(payment.clone())))
+                .unwrap();
         }
         let old_model = old.model.read().unwrap();
         let whole = SavedWithPayments {

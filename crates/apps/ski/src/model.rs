@@ -601,14 +601,23 @@ impl RideProjection {
 }
 
 impl Projection for RideProjection {
-    fn apply(&mut self, partition: PartitionId, lsn: Lsn, _timestamp_ms: u64, event: &[u8]) {
-        let ride = Ride::decode_event(event).expect("ski emits only the ride commands it decoded");
+    fn apply(
+        &mut self,
+        partition: PartitionId,
+        lsn: Lsn,
+        _timestamp_ms: u64,
+        event: &[u8],
+    ) -> io::Result<()> {
+        let ride = Ride::decode_event(event).map_err(|e| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("a ski ride event: {e}"))
+        })?;
         // The read model cannot go on without its store, nor skip what it failed to read or write.
         self.take(partition, lsn, &ride)
             .unwrap_or_else(|error| panic!("{error}"));
         if self.pending_rides.len() >= PENDING_MAX {
             self.flush();
         }
+        Ok(())
     }
 
     fn flush(&mut self) {
@@ -727,7 +736,7 @@ mod tests {
         for (ride, then) in rides {
             let partition = partition_of(ride);
             let lsn = &mut next[usize::from(partition)];
-            projection.apply(partition, *lsn, 0, &event(ride));
+            projection.apply(partition, *lsn, 0, &event(ride)).unwrap();
             *lsn += 1;
             match then {
                 Then::Next => {}
@@ -742,6 +751,14 @@ mod tests {
 
     fn open(dir: &Path) -> RideProjection {
         RideProjection::new(RideStore::open(dir, STORE_CACHE_BYTES_DEFAULT).unwrap()).unwrap()
+    }
+
+    /// See the same test in payments' model: an unreadable event is an error, not a panic.
+    #[test]
+    fn an_event_it_cannot_read_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = open(dir.path()).apply(0, 7, 0, &[1, 2, 3]).unwrap_err();
+        assert!(error.to_string().contains("a ski ride event"), "{error}");
     }
 
     /// With room for only `chunks_max` unchanged chunks of visits: they are dropped and read again.
@@ -881,7 +898,7 @@ mod tests {
         };
         let (written, lost) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let mut projection = open(written.path());
-        projection.apply(0, 0, 0, &event(&ride));
+        projection.apply(0, 0, 0, &event(&ride)).unwrap();
         let bytes = checkpoint(&mut projection);
         // The engine's position may be past other apps' records, which the store never sees.
         projection.restore(&mut bytes.as_slice(), &[5]).unwrap();
@@ -941,7 +958,7 @@ mod tests {
             // The second start finds the checkpoint not yet replaced and the store holding it.
             let mut projection = open(dir.path());
             projection.restore(&mut old.as_slice(), &positions).unwrap();
-            projection.apply(0, 3, 0, &event(&later));
+            projection.apply(0, 3, 0, &event(&later)).unwrap();
             projection.flush();
             let store = &projection.store;
             assert_eq!(store.ride_count(), 4);

@@ -180,14 +180,26 @@ impl TotalsProjection {
 }
 
 impl Projection for TotalsProjection {
-    fn apply(&mut self, _partition: PartitionId, _lsn: Lsn, _timestamp_ms: u64, event: &[u8]) {
-        let amount = decode_entry_event(event).expect("tally entry events are 8 bytes");
+    fn apply(
+        &mut self,
+        _partition: PartitionId,
+        _lsn: Lsn,
+        _timestamp_ms: u64,
+        event: &[u8],
+    ) -> io::Result<()> {
+        let amount = decode_entry_event(event).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a tally entry event is 8 bytes, not {}", event.len()),
+            )
+        })?;
         let mut totals = self
             .totals
             .write()
             .expect("the totals lock is never poisoned");
         totals.entries += 1;
         totals.balance_sum += i128::from(amount);
+        Ok(())
     }
 
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
@@ -215,6 +227,16 @@ impl Projection for TotalsProjection {
 #[cfg(test)]
 mod tests {
     use crate::command::{Command, Outcome};
+
+    /// See the same test in payments' model: an unreadable event is an error, not a panic.
+    #[test]
+    fn an_event_it_cannot_read_is_an_error() {
+        use spate_engine::Projection;
+        let totals = std::sync::Arc::new(std::sync::RwLock::new(super::Totals::default()));
+        let mut projection = super::TotalsProjection::new(totals);
+        let error = projection.apply(0, 7, 0, &[1, 2, 3]).unwrap_err();
+        assert!(error.to_string().contains("8 bytes, not 3"), "{error}");
+    }
 
     /// Found by the fuzz target `app_command`: a transfer of `i64::MIN` overflowed when negated (a
     /// panic in debug builds; in release builds it moved money from the payee to the payer).
