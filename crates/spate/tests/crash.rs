@@ -38,7 +38,10 @@ fn a_data_directory_without_its_meta_file_keeps_its_partition_count() {
         assert!(!meta.exists(), "a refused start wrote spate.meta");
     }
     let server = Server::start(dir.path(), &args, None);
-    assert_eq!(std::fs::read_to_string(&meta).unwrap(), "partitions = 3\n");
+    assert_eq!(
+        std::fs::read_to_string(&meta).unwrap(),
+        "partitions = 3\nformat_version = 1\n"
+    );
     check_exactly_once(&server.base, &acked, "after spate.meta was written again");
 }
 
