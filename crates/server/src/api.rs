@@ -237,6 +237,15 @@ pub fn json_object<'de, D: serde::Deserializer<'de>, T: serde::Deserialize<'de>>
     <JsonObject<T> as serde::Deserialize>::deserialize(deserializer).map(|JsonObject(value)| value)
 }
 
+/// For `deserialize_with` on a field that is a list of structs: see [`JsonObject`].
+pub fn json_objects<'de, D: serde::Deserializer<'de>, T: serde::Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Vec<T>, D::Error> {
+    let objects = <Vec<JsonObject<T>> as serde::Deserialize>::deserialize(deserializer)?;
+    // The same size and alignment: collected in place, without a second allocation.
+    Ok(objects.into_iter().map(|JsonObject(value)| value).collect())
+}
+
 /// A `T` from a body that must be a JSON object: see [`JsonObject`].
 pub fn from_json_object<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> serde_json::Result<T> {
     serde_json::from_slice(bytes).map(|JsonObject(value)| value)

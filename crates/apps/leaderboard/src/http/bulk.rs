@@ -23,7 +23,7 @@ use utoipa::ToSchema;
 #[serde(deny_unknown_fields)]
 struct BulkBody<'a> {
     /// At most 10,000 updates in all.
-    #[serde(borrow)]
+    #[serde(borrow, deserialize_with = "spate_server::api::json_objects")]
     leaderboards: Vec<BulkBoard<'a>>,
 }
 
@@ -35,7 +35,7 @@ struct BulkBoard<'a> {
     #[serde(borrow)]
     #[schema(schema_with = super::parse::name_schema)]
     leaderboard_id: Cow<'a, str>,
-    #[serde(borrow)]
+    #[serde(borrow, deserialize_with = "spate_server::api::json_objects")]
     #[schema(max_items = 10_000)]
     scores: Vec<BulkScore<'a>>,
 }
@@ -238,5 +238,21 @@ mod tests {
         let board = serde_json::to_value(BulkBoard::schema()).unwrap();
         let described = &board["properties"]["scores"]["maxItems"];
         assert_eq!(described, &serde_json::json!(UPDATES_PER_REQUEST_MAX));
+    }
+
+    /// serde would take a board or an update from an array of its fields; the body is objects only.
+    #[test]
+    fn boards_and_updates_are_json_objects() {
+        let object = br#"{"leaderboards": [{"leaderboardId": "b", "scores": [{"memberId": "m", "score": 1}]}]}"#;
+        assert!(parse_body::<BulkBody>(object).is_ok());
+        for array in [
+            &br#"{"leaderboards": [["b", [{"memberId": "m", "score": 1}]]]}"#[..],
+            br#"{"leaderboards": [{"leaderboardId": "b", "scores": [["m", 1, null]]}]}"#,
+        ] {
+            let Err(error) = parse_body::<BulkBody>(array) else {
+                panic!("{} was taken", String::from_utf8_lossy(array));
+            };
+            assert!(error.message.contains("a JSON object"), "{}", error.message);
+        }
     }
 }
