@@ -20,7 +20,7 @@
 //! app adds is refused to anyone without a role for it; nothing is open by default but `/health` (for
 //! load balancers) and the cluster's internal routes (signed by the nodes, see `cluster_auth`). A
 //! refusal is 401 without a known key, 403 with a key whose roles do not reach the route and 429 over
-//! its rate, in the common error shape (`api::shape_errors` turns it into an app's own), and counted in
+//! its rate, in the common error shape (`api::shape_error` turns it into an app's own), and counted in
 //! `spate_http_refused_total{reason}`.
 
 use crate::api::ApiError;
@@ -404,7 +404,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Scope {
     }
 }
 
-/// A refusal in the common error shape (`api::shape_errors` puts it in an app's own, where it has one).
+/// A refusal in the common error shape (`api::shape_error` puts it in an app's own, where it has one).
 fn refusal(status: StatusCode, code: &'static str, message: String) -> Response {
     let mut response = ApiError::new(status, code, message).into_response();
     if status == StatusCode::UNAUTHORIZED {

@@ -8,7 +8,6 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use spate_engine::{CommandId, EngineError, Reply};
-use std::sync::Arc;
 
 /// The one error shape: `{"error": {"code": ..., "message": ...}}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,21 +141,17 @@ impl ErrorAnswer {
 
 /// Puts every error answer that is not JSON yet in the one error shape: axum's own rejections (a bad
 /// query value, a path that is not UTF-8, a body over the limit) are plain text, and a 405 has no body
-/// at all. JSON answers are the apps' own and stay as they are. Under `message_only_paths` (an app's
-/// `AppModule::message_only_error_paths`), every error answer is `{"message": ...}` instead.
-pub async fn shape_errors(
-    axum::extract::State(message_only_paths): axum::extract::State<Arc<Vec<&'static str>>>,
-    request: Request,
-    next: axum::middleware::Next,
+/// at all. JSON answers are the apps' own and stay as they are. Under an app's
+/// `AppModule::message_only_error_paths` (`message_only`), every error answer is `{"message": ...}`
+/// instead. Called by `edge::Edge` for every answer from 400 up.
+pub(crate) async fn shape_error(
+    method: &axum::http::Method,
+    message_only: bool,
+    response: Response,
 ) -> Response {
-    let method = request.method().clone();
-    let message_only = (message_only_paths.iter()).any(|p| request.uri().path().starts_with(p));
-    let response = next.run(request).await;
-    if response.status().as_u16() < 400 {
-        return response;
-    }
+    debug_assert!(response.status().as_u16() >= 400, "not an error answer");
     if message_only {
-        return message_only_shape(&method, response).await;
+        return message_only_shape(method, response).await;
     }
     let is_json = (response.headers().get(header::CONTENT_TYPE))
         .and_then(|value| value.to_str().ok())
@@ -164,7 +159,7 @@ pub async fn shape_errors(
     if is_json {
         return response;
     }
-    let answer = ErrorAnswer::read(&method, response).await;
+    let answer = ErrorAnswer::read(method, response).await;
     let status = answer.parts.status;
     let reason = status.canonical_reason().unwrap_or("error");
     let code = reason.to_lowercase().replace([' ', '-'], "_");

@@ -6,6 +6,7 @@ pub mod api;
 mod cluster;
 pub mod cluster_auth;
 pub mod connections;
+mod edge;
 mod observe;
 pub mod openapi;
 pub mod tls;
@@ -170,16 +171,8 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     router = router.merge(openapi::route(&description));
     let router = router
         .fallback(|| async { ApiError::not_found("no such route") })
-        .layer(axum::middleware::from_fn_with_state(
-            http_metrics,
-            observe::record,
-        ))
         .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX))
-        .layer(axum::middleware::from_fn(reject_oversized))
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::new(message_only_error_paths),
-            api::shape_errors,
-        ));
+        .layer(edge::EdgeLayer::new(http_metrics, message_only_error_paths));
 
     let listener =
         listen(config.listen).map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
@@ -247,31 +240,6 @@ pub fn keep_new_files_private(data_dir: &std::path::Path) {
                 "the data directory is open to other users; chmod 700 it"
             );
         }
-    }
-}
-
-/// Refuses a request whose `Content-Length` is over [`REQUEST_BYTES_MAX`] before reading its body, so the
-/// client gets its 413 at once instead of after sending megabytes (bodies without a length are still cut
-/// at the limit by `DefaultBodyLimit`).
-async fn reject_oversized(
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    let declared = request
-        .headers()
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    // Requests between nodes carry batches of client requests, under a limit of their own.
-    let internal = request.uri().path().starts_with("/internal/");
-    match declared {
-        Some(bytes) if bytes > REQUEST_BYTES_MAX as u64 && !internal => ApiError::new(
-            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!("a request body of {bytes} bytes is over the limit of {REQUEST_BYTES_MAX}"),
-        )
-        .into_response(),
-        _ => next.run(request).await,
     }
 }
 

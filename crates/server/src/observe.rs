@@ -1,9 +1,8 @@
 //! `/health`, `/metrics` and per-route request metrics.
 
 use crate::openapi::AppRouter;
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::State;
 use axum::http::{StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -12,7 +11,6 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use spate_engine::EngineHandle;
 use std::sync::Arc;
-use std::time::Instant;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -60,30 +58,29 @@ impl HttpMetrics {
     }
 }
 
-pub async fn record(State(metrics): State<HttpMetrics>, request: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("unmatched", |p| p.as_str())
-        .to_string();
-    let method = method_label(request.method());
-    let response = next.run(request).await;
-    let status = response.status().as_u16();
-    if status >= 400 {
-        metrics
-            .errors
-            .get_or_create(&ErrorLabel {
-                route: route.clone(),
-                status,
-            })
-            .inc();
+impl HttpMetrics {
+    /// Counts an answer to a `method` request on `route` (axum's matched template, or "unmatched").
+    pub(crate) fn observe(
+        &self,
+        method: &axum::http::Method,
+        route: &str,
+        status: StatusCode,
+        elapsed: std::time::Duration,
+    ) {
+        let route = route.to_string();
+        if status.as_u16() >= 400 {
+            (self.errors)
+                .get_or_create(&ErrorLabel {
+                    route: route.clone(),
+                    status: status.as_u16(),
+                })
+                .inc();
+        }
+        let method = method_label(method);
+        (self.latency)
+            .get_or_create(&RouteLabel { method, route })
+            .observe(elapsed.as_secs_f64());
     }
-    metrics
-        .latency
-        .get_or_create(&RouteLabel { method, route })
-        .observe(started.elapsed().as_secs_f64());
-    response
 }
 
 /// A label for `method` from a fixed set: a client may send any token as a method, and each new

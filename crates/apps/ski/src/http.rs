@@ -132,7 +132,7 @@ impl IntoResponse for SkiError {
 
 /// Where the ski routes are: every error answer under these paths is the spec's `{"message"}`, those
 /// of the ski handlers and those made outside them alike (a 405 from the method router, a rejection, a
-/// body over the server's limit, an unknown path), by the server's `api::shape_errors`.
+/// body over the server's limit, an unknown path), by the server's `api::shape_error`.
 pub(crate) const PATHS: &[&str] = &["/skiers/", "/resorts", "/statistics", "/ski/"];
 
 impl From<ApiError> for SkiError {
