@@ -24,11 +24,11 @@
 //! `spate_http_refused_total{reason}`.
 
 use crate::api::ApiError;
-use axum::extract::{FromRequestParts, MatchedPath, Request, State};
+use axum::extract::{FromRequestParts, MatchedPath, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, Method, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use futures_util::future::Either;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -36,8 +36,10 @@ use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
+use std::future::Ready;
 use std::path::Path;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 /// Bytes of randomness in a key `spate auth new-key` makes.
 pub const KEY_RANDOM_BYTES: usize = 32;
@@ -264,7 +266,7 @@ impl Access {
     }
 
     /// The holder of the request's key, if it is known and within its rate; else the refusal, counted.
-    fn admit(&self, request: &Request) -> Result<&KeyHolder, Box<Response>> {
+    fn admit_key(&self, request: &Request) -> Result<&KeyHolder, Box<Response>> {
         let holder = self.holder(request).map_err(|reason| {
             self.count(reason);
             let message = if reason == "no_key" {
@@ -441,95 +443,90 @@ impl AppGate {
 }
 
 /// Admits a request to one of an app's routes if its key's roles reach it, with its [`Scope`].
-pub async fn authorize_app(
-    State(gate): State<AppGate>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    // A layer on routes always runs after routing; the matched path is shared, not copied.
-    let matched = request.extensions().get::<MatchedPath>().cloned();
-    let route = matched.as_ref().map_or("", MatchedPath::as_str);
-    let need = if route.starts_with("/admin/") || gate.routes.admin_routes.contains(&route) {
-        Need::Admin
-    } else if request.method() == Method::GET || request.method() == Method::HEAD {
-        Need::Read
-    } else {
-        Need::Write
-    };
-    let holder = match gate.access.admit(&request) {
-        Ok(holder) => holder,
-        Err(refused) => return *refused,
-    };
-    let mut scope = None;
-    for role in &holder.roles {
-        let granted = match role {
-            Role::Admin => Some(Scope::Whole),
-            Role::ReadAll if need == Need::Read => Some(Scope::Whole),
-            Role::Read(app) if app == gate.app && need == Need::Read => Some(Scope::Whole),
-            Role::Write(app) if app == gate.app && need != Need::Admin => Some(Scope::Whole),
-            Role::Party { app, name }
-                if app == gate.app
-                    && need != Need::Admin
-                    && gate.routes.party_routes.contains(&route) =>
-            {
-                Some(Scope::Party(PartyScope {
-                    kind: gate.routes.party_kind.unwrap_or("party"),
-                    name: name.clone(),
-                    refused: gate
-                        .access
-                        .refused
-                        .get_or_create(&RefusalLabel {
-                            reason: "out_of_scope",
-                        })
-                        .clone(),
-                }))
-            }
-            _ => None,
+impl Admit for AppGate {
+    fn admit(&self, request: &mut Request) -> Result<(), Box<Response>> {
+        // A layer on routes always runs after routing; the matched path is shared, not copied.
+        let matched = request.extensions().get::<MatchedPath>().cloned();
+        let route = matched.as_ref().map_or("", MatchedPath::as_str);
+        let need = if route.starts_with("/admin/") || self.routes.admin_routes.contains(&route) {
+            Need::Admin
+        } else if request.method() == Method::GET || request.method() == Method::HEAD {
+            Need::Read
+        } else {
+            Need::Write
         };
-        // A whole grant beats a party's.
-        match (&scope, granted) {
-            (_, Some(Scope::Whole)) => {
-                scope = Some(Scope::Whole);
-                break;
+        let holder = self.access.admit_key(request)?;
+        let mut scope = None;
+        for role in &holder.roles {
+            let granted = match role {
+                Role::Admin => Some(Scope::Whole),
+                Role::ReadAll if need == Need::Read => Some(Scope::Whole),
+                Role::Read(app) if app == self.app && need == Need::Read => Some(Scope::Whole),
+                Role::Write(app) if app == self.app && need != Need::Admin => Some(Scope::Whole),
+                Role::Party { app, name }
+                    if app == self.app
+                        && need != Need::Admin
+                        && self.routes.party_routes.contains(&route) =>
+                {
+                    Some(Scope::Party(PartyScope {
+                        kind: self.routes.party_kind.unwrap_or("party"),
+                        name: name.clone(),
+                        refused: self
+                            .access
+                            .refused
+                            .get_or_create(&RefusalLabel {
+                                reason: "out_of_scope",
+                            })
+                            .clone(),
+                    }))
+                }
+                _ => None,
+            };
+            // A whole grant beats a party's.
+            match (&scope, granted) {
+                (_, Some(Scope::Whole)) => {
+                    scope = Some(Scope::Whole);
+                    break;
+                }
+                (None, Some(party)) => scope = Some(party),
+                _ => {}
             }
-            (None, Some(party)) => scope = Some(party),
-            _ => {}
         }
-    }
-    let Some(scope) = scope else {
-        gate.access.count("forbidden");
-        let needed = match need {
-            Need::Admin => "an admin key".to_string(),
-            Need::Read => format!("a key that may read {}", gate.app),
-            Need::Write => format!("a key that may write to {}", gate.app),
+        let Some(scope) = scope else {
+            self.access.count("forbidden");
+            let needed = match need {
+                Need::Admin => "an admin key".to_string(),
+                Need::Read => format!("a key that may read {}", self.app),
+                Need::Write => format!("a key that may write to {}", self.app),
+            };
+            let message = format!(
+                "{} {route} needs {needed}; key {:?} is not one",
+                request.method(),
+                holder.name
+            );
+            return Err(Box::new(refusal(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                message,
+            )));
         };
-        let message = format!(
-            "{} {route} needs {needed}; key {:?} is not one",
-            request.method(),
-            holder.name
-        );
-        return refusal(StatusCode::FORBIDDEN, "forbidden", message);
-    };
-    request.extensions_mut().insert(scope);
-    next.run(request).await
+        request.extensions_mut().insert(scope);
+        Ok(())
+    }
 }
 
 /// Admits a request to what describes the server as a whole (`/metrics`, `/cluster`) with a key that
 /// may read every app or the metrics.
-pub async fn authorize_observer(
-    State(access): State<Access>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let holder = match access.admit(&request) {
-        Ok(holder) => holder,
-        Err(refused) => return *refused,
-    };
-    let allowed = (holder.roles.iter())
-        .any(|role| matches!(role, Role::Admin | Role::ReadAll | Role::Metrics));
-    if !allowed {
-        access.count("forbidden");
-        return refusal(
+impl Admit for Access {
+    fn admit(&self, request: &mut Request) -> Result<(), Box<Response>> {
+        let holder = self.admit_key(request)?;
+        let allowed = (holder.roles.iter())
+            .any(|role| matches!(role, Role::Admin | Role::ReadAll | Role::Metrics));
+        if allowed {
+            return Ok(());
+        }
+        self.count("forbidden");
+        Err(Box::new(refusal(
             StatusCode::FORBIDDEN,
             "forbidden",
             format!(
@@ -537,9 +534,67 @@ pub async fn authorize_observer(
                 request.uri().path(),
                 holder.name
             ),
-        );
+        )))
     }
-    next.run(request).await
+}
+
+/// Decides whether a request may reach its route, before the route runs. It is synchronous (a key is
+/// looked up in memory), so [`Gate`] needs no future of its own: a `from_fn` middleware would clone
+/// the route and box two futures per request.
+pub trait Admit: Clone + Send + Sync + 'static {
+    /// Lets `request` through, adding what its handler needs to its extensions, or answers it.
+    fn admit(&self, request: &mut Request) -> Result<(), Box<Response>>;
+}
+
+/// A layer (put on routes with `route_layer`, so that the matched route is known) that lets through
+/// only the requests its [`Admit`] admits.
+#[derive(Clone)]
+pub struct Gate<A> {
+    admit: A,
+}
+
+impl<A> Gate<A> {
+    pub fn new(admit: A) -> Self {
+        Self { admit }
+    }
+}
+
+impl<A: Clone, S> tower::Layer<S> for Gate<A> {
+    type Service = Gated<A, S>;
+
+    fn layer(&self, inner: S) -> Gated<A, S> {
+        Gated {
+            admit: self.admit.clone(),
+            inner,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Gated<A, S> {
+    admit: A,
+    inner: S,
+}
+
+impl<A, S> tower::Service<Request> for Gated<A, S>
+where
+    A: Admit,
+    S: tower::Service<Request, Response = Response, Error = std::convert::Infallible>,
+{
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = Either<Ready<Result<Response, Self::Error>>, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request) -> Self::Future {
+        match self.admit.admit(&mut request) {
+            Ok(()) => Either::Right(self.inner.call(request)),
+            Err(refused) => Either::Left(std::future::ready(Ok(*refused))),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -130,10 +130,7 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
                 descriptions.push(description);
                 let routes = match gate {
                     // Every route of the app, whatever it added, is behind its gate.
-                    Some(gate) => routes.route_layer(axum::middleware::from_fn_with_state(
-                        gate,
-                        access::authorize_app,
-                    )),
+                    Some(gate) => routes.route_layer(access::Gate::new(gate)),
                     None => routes,
                 };
                 app_routes = app_routes.merge(routes);

@@ -198,13 +198,10 @@ pub fn routes(
         .merge(metrics)
 }
 
-/// `routes` behind `access`, for keys that may observe the server (see `access::authorize_observer`).
+/// `routes` behind `access`, for keys that may observe the server (see `Access`'s `access::Admit`).
 pub fn for_observers(routes: AppRouter, access: Option<crate::access::Access>) -> AppRouter {
     match access {
-        Some(access) => routes.route_layer(axum::middleware::from_fn_with_state(
-            access,
-            crate::access::authorize_observer,
-        )),
+        Some(access) => routes.route_layer(crate::access::Gate::new(access)),
         None => routes,
     }
 }
