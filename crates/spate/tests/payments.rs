@@ -454,6 +454,42 @@ fn the_api_and_every_error() {
     drop(server);
 }
 
+#[test]
+fn currency_codes_are_read_in_any_case_and_answered_in_lowercase() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &[]);
+    let agent = agent();
+    let payments = format!("{}/v1/payments", server.base);
+    for (key, written) in [
+        ("auth-upper", "USD"),
+        ("auth-mixed", "Usd"),
+        ("auth-lower", "usd"),
+    ] {
+        let mut body = authorization(CARDS[0], "123", 2_00, "acme_shop");
+        body["currency"] = json!(written);
+        let answer = post_ok(&agent, &payments, key, &body);
+        assert_eq!(
+            (answer["status"].as_str(), answer["currency"].as_str()),
+            (Some("authorized"), Some("usd")),
+            "{written}"
+        );
+        let id = answer["id"].as_str().unwrap();
+        let (_, stored) = get(&agent, &format!("{payments}/{id}"));
+        assert_eq!(stored["currency"], "usd", "{written}");
+    }
+    let mut body = authorization(CARDS[0], "123", 2_00, "acme_shop");
+    body["currency"] = json!("US D");
+    let (status, reply) = post(&agent, &payments, Some("auth-spaced"), &body).unwrap();
+    assert_eq!(status, 400, "{reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("currency \"US D\" is not supported"),
+        "{reply}"
+    );
+}
+
 fn open_keyring(data_dir: &Path) -> spate_payments::keys::Keyring {
     let (kek, created) =
         spate_payments::keys::Kek::load_or_create(&kek_of(data_dir), data_dir).unwrap();

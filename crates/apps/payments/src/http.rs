@@ -211,12 +211,30 @@ fn status_schema() -> Object {
         .build()
 }
 
-/// A supported currency: one of [`CURRENCIES`]' codes.
+/// A supported currency as answered: one of [`CURRENCIES`]' codes, in lowercase.
 fn currency_schema() -> Object {
     ObjectBuilder::new()
         .schema_type(Type::String)
         .description(Some("ISO 4217, lowercase."))
         .enum_values(Some(CURRENCIES.iter().map(|(code, _)| *code)))
+        .build()
+}
+
+/// A supported currency as a request may write it: one of [`CURRENCIES`]' codes in any case
+/// (`usd`, `USD`), which a JSON Schema pattern spells letter by letter (`[uU][sS][dD]`).
+fn currency_request_schema() -> Object {
+    let any_case = |code: &str| -> String {
+        (code.chars())
+            .map(|c| format!("[{}{}]", c, c.to_ascii_uppercase()))
+            .collect()
+    };
+    let codes: Vec<String> = CURRENCIES.iter().map(|(code, _)| any_case(code)).collect();
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .description(Some(
+            "ISO 4217 in any case (`usd`, `USD`); answers give it in lowercase.",
+        ))
+        .pattern(Some(format!("^({})$", codes.join("|"))))
         .build()
 }
 
@@ -536,7 +554,7 @@ struct AuthorizeRequest {
     /// In minor units, tax included.
     #[schema(schema_with = amount_schema)]
     amount: u64,
-    #[schema(schema_with = currency_schema)]
+    #[schema(schema_with = currency_request_schema)]
     currency: String,
     /// A merchant of the reference data (`GET /admin/reference`).
     merchant: String,
@@ -622,7 +640,8 @@ fn authorize_command(
         payment,
         merchant: request.merchant.clone(),
         amount,
-        currency: request.currency,
+        // Stored and answered in one case, so a retry that writes it in another is the same command.
+        currency: request.currency.to_ascii_lowercase(),
         currency_numeric,
         card: StoredCard {
             token: token[..16].try_into().expect("a token is 32 bytes"),

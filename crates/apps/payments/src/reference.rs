@@ -25,10 +25,11 @@ pub const CURRENCIES: &[(&str, u16)] = &[
     ("usd", 840),
 ];
 
+/// The ISO 4217 numeric code of `code`, written in any case (`usd`, `USD`, `Usd`).
 pub fn currency_numeric(code: &str) -> Option<u16> {
     CURRENCIES
         .iter()
-        .find(|(c, _)| *c == code)
+        .find(|(c, _)| c.eq_ignore_ascii_case(code))
         .map(|(_, numeric)| *numeric)
 }
 
