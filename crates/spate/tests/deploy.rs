@@ -78,3 +78,32 @@ fn metric_names_are_read_from_promql() {
         ["spate_a_bucket", "spate_b"]
     );
 }
+
+#[test]
+fn the_packaged_config_names_every_option_of_serve() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_spate"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    let options: Vec<String> = (help.lines())
+        .filter_map(|line| line.trim_start().strip_prefix("--"))
+        .map(|rest| rest.split([' ', '=']).next().unwrap().replace('-', "_"))
+        .filter(|name| name != "help" && name != "config")
+        .collect();
+    assert!(options.len() > 40, "{options:?}");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/debian/spate.toml");
+    let config = std::fs::read_to_string(&path).unwrap();
+    let named = |name: &str| {
+        (config.lines()).any(|line| {
+            let line = line.strip_prefix("# ").unwrap_or(line);
+            line.starts_with(&format!("{name} = "))
+        })
+    };
+    let missing: Vec<&String> = options.iter().filter(|name| !named(name)).collect();
+    assert!(
+        missing.is_empty(),
+        "{} does not name these options of `spate serve`: {missing:?}",
+        path.display()
+    );
+}
