@@ -4,8 +4,8 @@
 //!
 //! One hand-written service rather than three `axum::middleware::from_fn` layers: each of those clones
 //! the route's boxed service and boxes a future and a `Next` on every request, which cost about 4.5 µs
-//! of a leaderboard update's 22 (BENCHMARKS.md, "The edge layer"). This one calls the route at once and
-//! boxes one future.
+//! of a leaderboard update's 22 (BENCHMARKS.md, "Hot path, first pass"). This one calls the route at
+//! once and boxes one future.
 
 use crate::REQUEST_BYTES_MAX;
 use crate::api::{self, ApiError};
