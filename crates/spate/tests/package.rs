@@ -166,4 +166,12 @@ fn the_deb_installs_and_the_installed_binary_serves_with_the_installed_config() 
         Path::new("/var/lib/spate/spate.meta").exists(),
         "a purge keeps the data"
     );
+    assert!(
+        Path::new("/etc/spate/payments.kek").exists(),
+        "a purge keeps the key that decrypts stored card data"
+    );
+    assert!(
+        !Path::new("/etc/spate/spate.toml").exists(),
+        "a purge removes the conffile"
+    );
 }
