@@ -18,7 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::any::Any;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -109,11 +109,16 @@ pub struct Health {
     pub disk: DiskStatus,
     /// Stores on disk the background scrub found damaged.
     pub damaged_stores: Vec<StoreDamage>,
+    /// Read models that stopped applying while the engine runs (an event they could not read): what
+    /// they answer is as old as the last record they applied.
+    pub stopped_read_models: Vec<&'static str>,
 }
 
 struct ProjectionView {
     app: AppId,
+    name: &'static str,
     positions: Arc<Vec<AtomicU64>>,
+    stopped: Arc<AtomicBool>,
 }
 
 /// One partition's place in the engine, whether or not this node applies it right now.
@@ -432,7 +437,9 @@ impl Engine {
             feed_receivers.push(feed_rx);
             views.push(ProjectionView {
                 app: projection.app,
+                name: projection.name,
                 positions: projection.positions.clone(),
+                stopped: projection.stopped.clone(),
             });
         }
         let inner = Inner {
@@ -1048,6 +1055,10 @@ impl EngineHandle {
                 .collect(),
             disk: inner.disk.status(),
             damaged_stores: inner.scrubs.damage(),
+            stopped_read_models: (inner.projections.iter())
+                .filter(|view| view.stopped.load(Ordering::Acquire))
+                .map(|view| view.name)
+                .collect(),
         }
     }
 

@@ -22,7 +22,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// How often an idle projection moves past other apps' records (see `pass_other_apps`).
 const IDLE_PASS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
@@ -39,6 +39,9 @@ pub(crate) struct ProjectionRuntime {
     /// `next` as of the read model's last flush, which is what readers see; read by other threads for
     /// the lag, so a lag of zero means every durable record can be read from the model.
     pub positions: Arc<Vec<AtomicU64>>,
+    /// Set when this read model's thread ended by a panic (an event it cannot read, records it cannot
+    /// read back from the journal): it applies nothing more, and `Health` names it.
+    pub stopped: Arc<AtomicBool>,
     /// Per partition, the LSN the last checkpoint covers: the journal must keep everything from there.
     pub floors: Vec<Arc<AtomicU64>>,
     dir: PathBuf,
@@ -103,6 +106,7 @@ impl ProjectionRuntime {
                 .map(|&p| Arc::new(AtomicU64::new(p)))
                 .collect(),
             positions: Arc::new(positions.iter().map(|&p| AtomicU64::new(p)).collect()),
+            stopped: Arc::new(AtomicBool::new(false)),
             next: positions,
             dir,
             checkpoint_interval_records,
@@ -279,6 +283,7 @@ impl ProjectionRuntime {
     }
 
     pub fn run(mut self, feeds: Receiver<Feed>) {
+        let _marks_a_panic = MarkStoppedOnPanic(self.stopped.clone());
         loop {
             match feeds.recv_timeout(IDLE_PASS_INTERVAL) {
                 Ok(feed) => self.apply_feed(&feed),
@@ -300,6 +305,18 @@ impl ProjectionRuntime {
         self.update_lag();
         if let Err(error) = self.checkpoint() {
             tracing::error!(projection = self.name, %error, "final projection checkpoint failed");
+        }
+    }
+}
+
+/// Marks a read model stopped if its thread unwinds: a panic is how it refuses to go on past a record
+/// it cannot apply, rather than serve a model that skipped it.
+struct MarkStoppedOnPanic(Arc<AtomicBool>);
+
+impl Drop for MarkStoppedOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Release);
         }
     }
 }

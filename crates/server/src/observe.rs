@@ -107,10 +107,13 @@ fn method_label(method: &axum::http::Method) -> &'static str {
 #[derive(serde::Serialize, utoipa::ToSchema)]
 struct HealthBody {
     /// `ok`; `read_only` when the disk is under its reserve (writes refused, reads served); `damaged`
-    /// when the scrub found a store damaged; `failing` when a partition stopped.
+    /// when the scrub found a store damaged; `failing` when a partition or a read model stopped.
     status: &'static str,
     partitions: u16,
     failed_partitions: Vec<u16>,
+    /// Read models (by app) that stopped applying: their answers are as old as the last record they
+    /// applied.
+    stopped_read_models: Vec<&'static str>,
     /// Requests waiting in each partition's queue.
     queue_depth: Vec<usize>,
     disk: DiskBody,
@@ -131,24 +134,25 @@ struct DamagedStoreBody {
     error: String,
 }
 
-/// Whether the server serves: 200 while every partition runs and no store is damaged, else 503 with
-/// the same body saying why.
+/// Whether the server serves: 200 while every partition and read model runs and no store is damaged,
+/// else 503 with the same body saying why.
 #[utoipa::path(
     get,
     path = "/health",
     tag = "server",
     responses(
         (status = 200, description = "Serving.", body = HealthBody),
-        (status = 503, description = "A partition stopped or a store is damaged.", body = HealthBody),
+        (status = 503, description = "A partition or a read model stopped, or a store is damaged.", body = HealthBody),
     ),
 )]
 async fn health(State(engine): State<EngineHandle>) -> (StatusCode, axum::Json<HealthBody>) {
     let health = engine.health();
     let damaged = !health.damaged_stores.is_empty();
-    let healthy = health.failed_partitions.is_empty() && !damaged;
+    let running = health.failed_partitions.is_empty() && health.stopped_read_models.is_empty();
+    let healthy = running && !damaged;
     // A disk under its reserve refuses writes but serves reads: still up, and says so.
     // A damaged store serves what it can, but needs an operator: not healthy.
-    let status = match (health.failed_partitions.is_empty(), damaged) {
+    let status = match (running, damaged) {
         (false, _) => "failing",
         (true, true) => "damaged",
         (true, false) if health.disk.writes_refused => "read_only",
@@ -158,6 +162,7 @@ async fn health(State(engine): State<EngineHandle>) -> (StatusCode, axum::Json<H
         status,
         partitions: health.partitions,
         failed_partitions: health.failed_partitions,
+        stopped_read_models: health.stopped_read_models,
         queue_depth: health.queue_depth,
         disk: DiskBody {
             free_bytes: health.disk.free_bytes,
