@@ -2,8 +2,9 @@
 //! that skipped it, and the engine says so: `Health::stopped_read_models` names it (`/health` answers
 //! 503 `failing`), and shutdown reports the stopped thread.
 
-use prometheus_client::registry::Registry;
-use spate_engine::{Engine, EngineConfig, Lsn, PartitionId, Projection};
+mod support;
+
+use spate_engine::{Lsn, PartitionId, Projection};
 use spate_tally::{APP_ID, Command, TotalsProjection};
 use std::io;
 use std::sync::{Arc, RwLock};
@@ -53,17 +54,9 @@ fn a_read_model_that_cannot_apply_an_event_stops_and_health_names_it() {
         seen: 0,
         refuse_at: 2,
     }));
-    let engine = Engine::start(
-        EngineConfig::new(dir.path()),
-        vec![spec],
-        &mut Registry::default(),
-    )
-    .unwrap();
+    // One partition: every add below goes to partition 0.
+    let (engine, runtime) = support::start(dir.path(), 1, spec);
     let handle = engine.handle();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     let add = |tag: u64| {
         Command::Add {
             account: "alice".into(),

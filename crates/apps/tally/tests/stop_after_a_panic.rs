@@ -2,27 +2,16 @@
 //! thread (here in a query; in apply it is the same thread) used to leave `Engine::shutdown` waiting for
 //! ever for an answer the dead thread could not give, so `spate serve` hung on SIGTERM.
 
-use prometheus_client::registry::Registry;
-use spate_engine::{Engine, EngineConfig};
+mod support;
+
 use spate_tally::{APP_ID, TallyState};
 use std::time::Duration;
 
 #[test]
 fn shutdown_ends_when_a_partition_thread_has_panicked() {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = EngineConfig::new(dir.path());
-    config.partitions = 2;
-    let engine = Engine::start(
-        config,
-        vec![spate_tally::module().spec],
-        &mut Registry::default(),
-    )
-    .unwrap();
+    let (engine, runtime) = support::start(dir.path(), 2, spate_tally::module().spec);
     let handle = engine.handle();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     let answered = runtime.block_on(handle.query(1, APP_ID, |_: &TallyState| -> u8 {
         panic!("a fault on partition 1's thread")
     }));

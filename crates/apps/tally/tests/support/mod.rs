@@ -1,0 +1,20 @@
+//! What the engine-level tests of tally share.
+
+use prometheus_client::registry::Registry;
+use spate_engine::{AppSpec, Engine, EngineConfig};
+
+/// An engine of `partitions` running `spec` on `data_dir`, and a runtime to await its replies on.
+pub fn start(
+    data_dir: &std::path::Path,
+    partitions: u16,
+    spec: AppSpec,
+) -> (Engine, tokio::runtime::Runtime) {
+    let mut config = EngineConfig::new(data_dir);
+    config.partitions = partitions;
+    let engine = Engine::start(config, vec![spec], &mut Registry::default()).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    (engine, runtime)
+}
