@@ -88,6 +88,13 @@ fn every_operation_of_the_spec_and_ours() {
         (200, json!({"time": "Resort 3", "numSkiers": 0}))
     );
     assert_eq!(
+        get(&agent, &format!("{base}/resorts/3/seasons/2022/days")),
+        (
+            200,
+            json!({"days": [{"dayID": 1, "numSkiers": 2}, {"dayID": 2, "numSkiers": 1}]})
+        )
+    );
+    assert_eq!(
         get(&agent, &format!("{base}/skiers/77/vertical?resort=3")),
         (
             200,
@@ -414,6 +421,20 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
         (
             "GET",
             "/resorts/12/seasons/2022/day/1/skiers".into(),
+            "",
+            404,
+            "resort 12 not found",
+        ),
+        (
+            "GET",
+            "/resorts/1/seasons/abc/days".into(),
+            "",
+            400,
+            "seasonID",
+        ),
+        (
+            "GET",
+            "/resorts/12/seasons/2022/days".into(),
             "",
             404,
             "resort 12 not found",

@@ -30,6 +30,7 @@ const RIDE_ROUTE: &str = "/skiers/{resortID}/seasons/{seasonID}/days/{dayID}/ski
 const RESORTS_ROUTE: &str = "/resorts";
 const SEASONS_ROUTE: &str = "/resorts/{resortID}/seasons";
 const RESORT_DAY_ROUTE: &str = "/resorts/{resortID}/seasons/{seasonID}/day/{dayID}/skiers";
+const RESORT_DAYS_ROUTE: &str = "/resorts/{resortID}/seasons/{seasonID}/days";
 const SKIER_VERTICAL_ROUTE: &str = "/skiers/{skierID}/vertical";
 const DAYS_ROUTE: &str = "/skiers/{skierID}/seasons/{seasonID}/days";
 const LIFTS_ROUTE: &str = "/skiers/{skierID}/seasons/{seasonID}/days/{dayID}/lifts";
@@ -583,6 +584,49 @@ async fn get_resort_day_skiers(
     }))
 }
 
+/// A resort's days with rides in one season.
+#[derive(Serialize, ToSchema)]
+struct ResortSeasonDays {
+    /// In order of day.
+    days: Vec<ResortDaySkiers>,
+}
+
+#[derive(Serialize, ToSchema)]
+struct ResortDaySkiers {
+    #[serde(rename = "dayID")]
+    day_id: u16,
+    #[serde(rename = "numSkiers")]
+    num_skiers: u32,
+}
+
+/// The days of a season with rides at a resort, each with its distinct skiers (not in the Ski Data API).
+#[utoipa::path(
+    get,
+    path = RESORT_DAYS_ROUTE,
+    tag = TAG,
+    operation_id = "getResortSeasonDays",
+    params(
+        ("resortID" = i32, Path, description = RESORT_ID),
+        ("seasonID" = i32, Path, description = SEASON_ID),
+    ),
+    responses(
+        (status = 200, description = "The days, from the read model; none without rides.", body = ResortSeasonDays),
+        (status = 400, description = "A path value is invalid or out of range.", body = ResponseMsg),
+        (status = 404, description = "No such resort.", body = ResponseMsg),
+    ),
+)]
+async fn get_resort_days(
+    State(ski): Ctx,
+    Path((resort, season)): Path<(String, String)>,
+) -> Result<Json<ResortSeasonDays>, SkiError> {
+    let resort = ski.resort(&resort)?;
+    let season = ski.season("seasonID", &season)?;
+    let days = (ski.store.skiers_per_day(resort, season).into_iter())
+        .map(|(day_id, num_skiers)| ResortDaySkiers { day_id, num_skiers })
+        .collect();
+    Ok(Json(ResortSeasonDays { days }))
+}
+
 /// A skier's vertical at a resort, per season.
 #[derive(Serialize, ToSchema)]
 struct SkierVertical {
@@ -848,6 +892,7 @@ pub(crate) fn routes(engine: EngineHandle, store: Arc<RideStore>, config: SkiCon
         .routes(routes!(get_resorts))
         .routes(routes!(get_seasons, post_season))
         .routes(routes!(get_resort_day_skiers))
+        .routes(routes!(get_resort_days))
         .routes(routes!(get_skier_vertical))
         .routes(routes!(get_days))
         .routes(routes!(get_lifts))

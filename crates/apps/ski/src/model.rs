@@ -95,7 +95,8 @@ pub struct DaySummary {
 /// What the store holds besides the rides, kept in memory for the queries that count.
 #[derive(Debug, Default)]
 struct Counts {
-    unique_skiers: HashMap<ResortDay, u32>,
+    /// Ordered, so that a resort's days in a season are one range.
+    unique_skiers: BTreeMap<ResortDay, u32>,
     /// resort -> seasons with at least one ride.
     ride_seasons: BTreeMap<u16, BTreeSet<u16>>,
     rides: u64,
@@ -270,6 +271,14 @@ impl RideStore {
             .get(&(resort, season, day))
             .copied()
             .unwrap_or(0)
+    }
+
+    /// The days of `season` with rides at `resort`, in order, each with its distinct skiers.
+    pub fn skiers_per_day(&self, resort: u16, season: u16) -> Vec<(u16, u32)> {
+        (self.counts().unique_skiers)
+            .range((resort, season, 0)..=(resort, season, u16::MAX))
+            .map(|(&(_, _, day), &skiers)| (day, skiers))
+            .collect()
     }
 
     pub fn seasons_with_rides(&self, resort: u16) -> Vec<u16> {

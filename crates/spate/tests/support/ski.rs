@@ -158,6 +158,17 @@ pub fn check_model(agent: &ureq::Agent, base: &str, rides: &[Ride]) {
             "{resort}/{season}/{day}"
         );
     }
+    let resort_seasons: BTreeSet<(u32, u32)> = (unique.keys())
+        .map(|&(resort, season, _)| (resort, season))
+        .collect();
+    for (resort, season) in resort_seasons {
+        let want: Vec<Value> = (unique.iter())
+            .filter(|&(&(r, s, _), _)| (r, s) == (resort, season))
+            .map(|(&(_, _, day), skiers)| json!({"dayID": day, "numSkiers": skiers.len()}))
+            .collect();
+        let url = format!("{base}/resorts/{resort}/seasons/{season}/days");
+        assert_eq!(read(agent, &url), (200, json!({"days": want})), "{url}");
+    }
     for ((skier, resort), per_season) in &totals {
         let reply = read(
             agent,
