@@ -365,6 +365,11 @@ fn a_participants_and_a_merchants_keys_act_only_for_their_own() {
         None,
     ));
     assert_eq!(send("GET", "/v1/events", &grocer, &[], None).0, 403);
+    // The summary counts every merchant's payments: an operator's view.
+    assert_eq!(
+        send("GET", "/v1/payments/summary", &grocer, &[], None).0,
+        403
+    );
     let listed = support::eventually(std::time::Duration::from_secs(10), || {
         let (status, body) = send("GET", "/v1/payments", &grocer, &[], None);
         assert_eq!(status, 200, "{body}");

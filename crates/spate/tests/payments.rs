@@ -278,7 +278,10 @@ fn the_api_and_every_error() {
     assert_eq!((status, error_code(&reply)), (409, "unexpected_state"));
 
     // Settlement: one file for the merchant and currency, verified; then refunds up to the settled amount.
+    let summary = format!("{payments}/summary");
+    assert_eq!(get(&agent, &summary).1["captures_to_settle"], 2);
     let report = settle(&agent, base);
+    assert_eq!(get(&agent, &summary).1["captures_to_settle"], 0);
     let batch = &report["batches"][0];
     assert_eq!(
         (
@@ -369,6 +372,18 @@ fn the_api_and_every_error() {
         ),
         (1, Some(false))
     );
+    // The summary's counts are the list's, status by status.
+    let listed: Value = (["authorized", "declined", "captured", "canceled", "expired"].iter())
+        .map(|status| {
+            let page = get(&agent, &format!("{payments}?status={status}&limit=100")).1;
+            (
+                status.to_string(),
+                json!(page["data"].as_array().unwrap().len()),
+            )
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    assert_eq!(get(&agent, &summary).1["by_status"], listed);
     let mut seen = Vec::new();
     let mut cursor = String::new();
     loop {

@@ -85,6 +85,7 @@ pub fn routes(payments: Arc<Payments>) -> AppRouter {
     );
     AppRouter::new()
         .routes(routes!(authorize, list))
+        .routes(routes!(summary))
         .routes(routes!(get_payment))
         .routes(routes!(capture))
         .routes(routes!(cancel))
@@ -866,6 +867,49 @@ async fn refund(
         },
     )
     .await
+}
+
+/// Payments by status over every merchant, and the captures waiting for a settlement batch.
+#[derive(Serialize, ToSchema)]
+struct PaymentsSummary {
+    /// Payments per status, from the read model: it may lag by a group commit.
+    by_status: BTreeMap<&'static str, u64>,
+    /// Captures pending in no settlement batch yet, read from every partition: the next
+    /// `POST /admin/settlements` puts them in a batch.
+    captures_to_settle: u64,
+}
+
+/// Payments by status over every merchant, and the captures the next settlement takes (an operator's
+/// view: a merchant's key is refused).
+#[utoipa::path(
+    get,
+    path = "/v1/payments/summary",
+    tag = TAG,
+    responses((status = 200, description = "The counts.", body = PaymentsSummary)),
+)]
+async fn summary(State(payments): Shared) -> Result<Response, ApiError> {
+    let by_status = {
+        let model = (payments.model.read()).expect("the payments model lock is never poisoned");
+        (Status::ALL.iter())
+            .map(|&status| (status.name(), model.count(status)))
+            .collect()
+    };
+    let mut captures_to_settle = 0;
+    for partition in 0..payments.engine.partition_count() {
+        let query = encode(&PartitionQuery::Spooled);
+        let answer = payments.engine.read(partition, APP_ID, query).await?;
+        let spooled: u64 = decode(&answer).map_err(|error| {
+            read_model_error(format!(
+                "partition {partition} could not count its pending captures ({error})"
+            ))
+        })?;
+        captures_to_settle += spooled;
+    }
+    let summary = PaymentsSummary {
+        by_status,
+        captures_to_settle,
+    };
+    Ok(json_response(StatusCode::OK, &summary))
 }
 
 /// A payment, as its partition holds it now.

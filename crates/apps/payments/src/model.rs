@@ -116,8 +116,7 @@ impl PaymentsModel {
         }
     }
 
-    /// Payments by status.
-    #[cfg(test)]
+    /// Payments by status, as of the store's last flush.
     pub fn count(&self, status: Status) -> u64 {
         self.store.count(status)
     }

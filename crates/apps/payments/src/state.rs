@@ -72,6 +72,8 @@ pub enum PartitionQuery {
     Details { batch: u64, offset: u64, limit: u64 },
     /// Answered with a `Vec<Option<Payment>>`: each payment, in memory or archived.
     Payments(Vec<PaymentId>),
+    /// Answered with a `u64`: the pending captures in no settlement batch yet.
+    Spooled,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -924,6 +926,7 @@ impl StateMachine for PaymentsState {
                     }
                 }
             }
+            Ok(PartitionQuery::Spooled) => encode(&(self.spooled() as u64)),
             Err(_) => Vec::new(),
         }
     }

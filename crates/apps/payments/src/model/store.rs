@@ -161,7 +161,6 @@ impl ModelStore {
     }
 
     /// Payments with `status`, as of the last flush.
-    #[cfg(test)]
     pub fn count(&self, status: Status) -> u64 {
         self.statuses[usize::from(status_byte(status))]
     }
