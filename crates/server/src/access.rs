@@ -18,7 +18,9 @@
 //!
 //! Every app route is authorized by a layer the server puts around each app's routes, so a route an
 //! app adds is refused to anyone without a role for it; nothing is open by default but `/health` (for
-//! load balancers) and the cluster's internal routes (signed by the nodes, see `cluster_auth`). A
+//! load balancers), `/openapi.json`, the dashboard's static files (`/` and `/dashboard/`, which hold
+//! no data: the page reads the rest with the visitor's key) and the cluster's internal routes (signed
+//! by the nodes, see `cluster_auth`). A
 //! refusal is 401 without a known key, 403 with a key whose roles do not reach the route and 429 over
 //! its rate, in the common error shape (`api::shape_error` turns it into an app's own), and counted in
 //! `spate_http_refused_total{reason}`.

@@ -6,6 +6,7 @@ pub mod api;
 mod cluster;
 pub mod cluster_auth;
 pub mod connections;
+mod dashboard;
 mod edge;
 mod observe;
 pub mod openapi;
@@ -145,7 +146,9 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     let (own_routes, own_description) =
         observe::routes(handle.clone(), Arc::new(registry), access.clone()).split_for_parts();
     descriptions.push(own_description);
-    let mut router = own_routes.merge(app_routes);
+    let (dashboard_routes, dashboard_description) = dashboard::routes().split_for_parts();
+    descriptions.push(dashboard_description);
+    let mut router = own_routes.merge(dashboard_routes).merge(app_routes);
     if let Some((setup, remote)) = &cluster {
         let (status_route, status_description) = observe::for_observers(
             cluster::status_route(setup.directory.clone()),

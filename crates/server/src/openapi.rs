@@ -22,7 +22,8 @@ use utoipa::openapi::{
 /// The routes of an app, with their descriptions.
 pub type AppRouter<S = ()> = utoipa_axum::router::OpenApiRouter<S>;
 
-/// Paths answered to anyone, with or without `--auth`.
+/// Paths answered to anyone, with or without `--auth`, besides the dashboard's static files
+/// ([`crate::dashboard::PATHS`]).
 const OPEN_PATHS: [&str; 2] = ["/health", "/openapi.json"];
 
 /// The name of the security scheme of `--auth`'s API keys.
@@ -70,7 +71,7 @@ pub fn document(
     document.merge(own_route().into_openapi());
     for (path, item) in document.paths.paths.iter_mut() {
         let message_only = message_only_paths.iter().any(|p| path.starts_with(p));
-        let open = OPEN_PATHS.contains(&path.as_str());
+        let open = (OPEN_PATHS.iter().chain(&crate::dashboard::PATHS)).any(|open| open == path);
         let operations = [
             &mut item.get,
             &mut item.put,

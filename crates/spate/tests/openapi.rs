@@ -13,10 +13,13 @@ use support::endpoints::{APPS, ENDPOINTS};
 use support::{Server, agent, get, new_key};
 
 /// The server's own routes, described under the tag `server`.
-const SERVER_ROUTES: [(&str, &str); 3] = [
+const SERVER_ROUTES: [(&str, &str); 6] = [
     ("GET", "/health"),
     ("GET", "/metrics"),
     ("GET", "/openapi.json"),
+    ("GET", "/"),
+    ("GET", "/dashboard/app.js"),
+    ("GET", "/dashboard/style.css"),
 ];
 
 fn start_every_app(dir: &std::path::Path, extra: &[&str]) -> Server {

@@ -1,0 +1,148 @@
+//! The live dashboard at `/`, opened in a real browser (Debian's chromium, driven by playwright-core;
+//! `scripts/browser-check.sh` installs both on first use) while `spate load` drives every app: the page
+//! refreshes by itself, its numbers move and lie between two scrapes of `/metrics` and of each app's
+//! endpoint, each app under load shows throughput and a panel, and no console error, page error or
+//! failed request appears. The screenshot is saved in `target/tmp/` (`CARGO_TARGET_TMPDIR`).
+
+mod support;
+
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use support::{Server, agent, new_key};
+
+/// Apps and the `spate load` scenario that keeps each busy while the browser looks.
+const LOADS: [(&str, &str); 6] = [
+    ("tally", "adds"),
+    ("leaderboard", "updates"),
+    ("ski", "rides"),
+    ("ledger", "transfers"),
+    ("payments", "mix"),
+    ("fraud", "http"),
+];
+/// Low rates: the browser and the load share the machine with the server.
+const LOAD_REQUESTS_PER_S: &str = "50";
+const LOAD_DURATION_S: &str = "120";
+
+/// Runs `spate load APP SCENARIO` against `base` in the background.
+fn start_load(base: &str, app: &str, scenario: &str) -> Child {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_spate"));
+    command.args(["load", app, scenario, "--target", base]);
+    command.args([
+        "--rate",
+        LOAD_REQUESTS_PER_S,
+        "--duration-s",
+        LOAD_DURATION_S,
+    ]);
+    command.args(["--connections", "2", "--warmup-s", "0"]);
+    command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Runs the browser check against `base` with the apps under load; panics with its report unless it
+/// passes.
+fn browser_check(base: &str, screenshot: &Path, apps: &[&str], key: Option<&str>) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/browser-check.sh");
+    let mut command = Command::new(script);
+    command.arg(base).arg(screenshot).args(apps);
+    if let Some(key) = key {
+        command.env("SPATE_DASHBOARD_KEY", key);
+    }
+    let output = command.output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(
+        output.status.success(),
+        "the dashboard check failed:\n{stdout}\n{stderr}"
+    );
+    let report: serde_json::Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("{e}: the check printed {stdout:?}"));
+    assert!(report["rounds"].as_u64().unwrap() >= 3, "{report}");
+    assert!(screenshot.metadata().unwrap().len() > 0);
+}
+
+fn screenshot(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join(name)
+}
+
+struct Loads(Vec<Child>);
+
+impl Drop for Loads {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[test]
+fn the_dashboard_shows_every_app_under_load_in_a_browser() {
+    let dir = tempfile::tempdir().unwrap();
+    let kek = dir.path().join("kek");
+    let server = Server::start(
+        &dir.path().join("data"),
+        &["--kek-file", kek.to_str().unwrap()],
+        None,
+    );
+    let _loads = Loads(
+        (LOADS.iter())
+            .map(|&(app, scenario)| start_load(&server.base, app, scenario))
+            .collect(),
+    );
+    let apps: Vec<&str> = LOADS.iter().map(|&(app, _)| app).collect();
+    browser_check(&server.base, &screenshot("dashboard.png"), &apps, None);
+}
+
+#[test]
+fn behind_keys_the_dashboard_asks_for_one_and_works_with_a_read_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.toml");
+    let writer = new_key(&keys, "writer", &["tally:write"]);
+    let reader = new_key(&keys, "reader", &["read"]);
+    let server = Server::start(
+        &dir.path().join("data"),
+        &["--apps", "tally", "--auth", keys.to_str().unwrap()],
+        None,
+    );
+    // `spate load` sends no key: a thread adds entries with the writer's.
+    let stop = Arc::new(AtomicBool::new(false));
+    let adder = {
+        let (url, stop) = (
+            format!("{}/tally/accounts/a/entries", server.base),
+            stop.clone(),
+        );
+        std::thread::spawn(move || {
+            let agent = agent();
+            for tag in 0u64.. {
+                if stop.load(Ordering::Relaxed) {
+                    return tag;
+                }
+                let sent = (agent.post(&url))
+                    .header("Authorization", format!("Bearer {writer}"))
+                    .send_json(json!({"amount": 1, "tag": tag}));
+                // The server goes away when a failed check ends the test.
+                let Ok(reply) = sent else { return tag };
+                assert_eq!(reply.status(), 201);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            unreachable!()
+        })
+    };
+    browser_check(
+        &server.base,
+        &screenshot("dashboard-with-keys.png"),
+        &["tally"],
+        Some(&reader),
+    );
+    stop.store(true, Ordering::Relaxed);
+    assert!(adder.join().unwrap() > 0);
+}

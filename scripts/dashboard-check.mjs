@@ -1,0 +1,132 @@
+// Checks spate's dashboard in Debian's chromium, driven by playwright-core (scripts/browser-check.sh
+// installs both). Exits non-zero, saying why, unless:
+// - the page loads and refreshes by itself, with no console error, page error or failed request;
+// - with SPATE_DASHBOARD_KEY set, it first asks for a key and then works with that one;
+// - each total it shows lies between two scrapes of /metrics taken around one of its refreshes;
+// - the totals grow while the server is under load, and each app named shows throughput above 0;
+// - the facts the app panels show lie between two reads of the app's own endpoint.
+// It then saves a screenshot of the whole page and prints what it saw as JSON.
+// Usage: node dashboard-check.mjs BASE_URL SCREENSHOT_PNG [APP...]
+import { createRequire } from 'node:module';
+
+const require = createRequire(`${process.env.SPATE_PLAYWRIGHT_DIR}/`);
+const { chromium } = require('playwright-core');
+
+const [base, screenshot, ...loadedApps] = process.argv.slice(2);
+if (!base || !screenshot) {
+  console.error('usage: node dashboard-check.mjs BASE_URL SCREENSHOT_PNG [APP...]');
+  process.exit(2);
+}
+const key = process.env.SPATE_DASHBOARD_KEY;
+const ROUND_TIMEOUT_MS = 20_000;
+
+const headers = key ? { Authorization: `Bearer ${key}` } : {};
+const fetchText = async (path) => {
+  const response = await fetch(`${base}${path}`, { headers });
+  if (!response.ok) throw new Error(`${path}: ${response.status}`);
+  return response.text();
+};
+const fetchJson = async (path) => JSON.parse(await fetchText(path));
+
+/// The sum of a metric's samples in Prometheus' text format.
+function metricTotal(text, name) {
+  let sum = 0;
+  for (const line of text.split('\n')) {
+    if (line.startsWith(`${name}{`) || line.startsWith(`${name} `)) sum += Number(line.split(' ').pop());
+  }
+  return sum;
+}
+
+/// Where each total on the page comes from.
+const TOTALS = {
+  requests: (text) => metricTotal(text, 'spate_http_request_seconds_count'),
+  commands_applied: (text) => metricTotal(text, 'spate_commands_applied_total'),
+  errors: (text) => metricTotal(text, 'spate_http_errors_total'),
+  journal_bytes: (text) => metricTotal(text, 'spate_journal_bytes_total'),
+};
+
+/// Facts of the app panels, and the same number read from the app's endpoint.
+const FACTS = {
+  'tally-entries': ['tally', async () => (await fetchJson('/tally/totals')).entries],
+  'ledger-committed': ['ledger', async () => (await fetchJson('/participants')).transfers.COMMITTED],
+  'fraud-scored': ['fraud', async () => (await fetchJson('/fraud/stats')).scored],
+  'ski-rides': ['ski', async () => (await fetchJson('/ski/lag')).rides],
+};
+
+const problems = [];
+let keyGiven = false;
+const browser = await chromium.launch({
+  executablePath: '/usr/bin/chromium',
+  // Root (as in CI) cannot use chromium's sandbox.
+  args: process.getuid() === 0 ? ['--no-sandbox'] : [],
+});
+try {
+  const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
+  // Without a key the page is refused once, on purpose, and asks for one: the browser logs that 401.
+  const expectedRefusal = (status) => key && status === 401 && !keyGiven;
+  page.on('console', (message) => {
+    const refusal = message.text().includes('status of 401');
+    if (message.type() === 'error' && !(refusal && expectedRefusal(401))) problems.push(`console error: ${message.text()}`);
+  });
+  page.on('pageerror', (error) => problems.push(`page error: ${error.message}`));
+  page.on('requestfailed', (request) => problems.push(`request failed: ${request.url()} ${request.failure()?.errorText}`));
+  page.on('response', (response) => {
+    if (response.status() >= 400 && !expectedRefusal(response.status())) problems.push(`answer ${response.status()}: ${response.url()}`);
+  });
+
+  await page.goto(`${base}/`);
+  if (key) {
+    await page.locator('#key-form').waitFor({ state: 'visible', timeout: ROUND_TIMEOUT_MS });
+    keyGiven = true;
+    await page.fill('#key', key);
+    await page.click('#key-form button');
+  }
+  const rounds = async () => Number((await page.getAttribute('body', 'data-rounds')) || 0);
+  const nextRound = async () => {
+    const after = await rounds();
+    await page.waitForFunction((n) => Number(document.body.dataset.rounds || 0) > n, after, { timeout: ROUND_TIMEOUT_MS });
+  };
+  const shown = (selector) => page.$$eval(selector, (nodes) => Object.fromEntries(nodes.map((n) => [n.dataset.total || n.dataset.fact || n.dataset.series, Number(n.dataset.value)])));
+
+  // Two rounds make the first rates.
+  await nextRound();
+  await nextRound();
+  const first = await shown('[data-total]');
+
+  // Each total between two scrapes around one refresh.
+  const before = await fetchText('/metrics');
+  const factsBefore = {};
+  for (const [fact, [app, read]] of Object.entries(FACTS)) if (loadedApps.includes(app)) factsBefore[fact] = await read();
+  await nextRound();
+  const totals = await shown('[data-total]');
+  const facts = await shown('[data-fact]');
+  const after = await fetchText('/metrics');
+  for (const [name, of] of Object.entries(TOTALS)) {
+    const [low, high, seen] = [of(before), of(after), totals[name]];
+    if (!(low <= seen && seen <= high)) problems.push(`total ${name}: the page shows ${seen}, /metrics said ${low} then ${high}`);
+  }
+  for (const [fact, low] of Object.entries(factsBefore)) {
+    const high = await FACTS[fact][1]();
+    if (!(low <= facts[fact] && facts[fact] <= high)) problems.push(`${fact}: the page shows ${facts[fact]}, its endpoint said ${low} then ${high}`);
+  }
+
+  // Under load, the numbers move and every app named has throughput.
+  for (const name of ['requests', 'commands_applied']) {
+    if (!(totals[name] > first[name])) problems.push(`total ${name} did not move: ${first[name]} then ${totals[name]}`);
+  }
+  const throughput = await shown('#chart-throughput [data-series]');
+  for (const app of loadedApps) {
+    if (!(throughput[app] > 0)) problems.push(`no throughput shown for ${app}: ${JSON.stringify(throughput)}`);
+  }
+  const panels = await page.$$eval('#apps section', (sections) => sections.map((s) => s.id));
+  for (const app of loadedApps) if (!panels.includes(`app-${app}`)) problems.push(`no panel for ${app}: ${panels}`);
+
+  await page.screenshot({ path: screenshot, fullPage: true });
+  console.log(JSON.stringify({ rounds: await rounds(), totals, facts, throughput, panels, problems }));
+} finally {
+  await browser.close();
+}
+if (problems.length) {
+  console.error(`dashboard-check: ${problems.length} problems:\n${problems.join('\n')}`);
+  process.exit(1);
+}
