@@ -4,7 +4,8 @@
 // - with SPATE_DASHBOARD_KEY set, it first asks for a key and then works with that one;
 // - each total it shows lies between two scrapes of /metrics taken around one of its refreshes;
 // - the totals grow while the server is under load, and each app named shows throughput above 0;
-// - the facts the app panels show lie between two reads of the app's own endpoint.
+// - the facts the app panels show lie between two reads of the app's own endpoint;
+// - on a cluster node, the nodes and the partitions each owns are those /cluster names.
 // It then saves a screenshot of the whole page and prints what it saw as JSON.
 // Usage: node dashboard-check.mjs BASE_URL SCREENSHOT_PNG [APP...]
 import { createRequire } from 'node:module';
@@ -121,8 +122,23 @@ try {
   const panels = await page.$$eval('#apps section', (sections) => sections.map((s) => s.id));
   for (const app of loadedApps) if (!panels.includes(`app-${app}`)) problems.push(`no panel for ${app}: ${panels}`);
 
+  // A cluster node's page shows each node with the partitions /cluster says it owns. Owners may move
+  // between the page's read and this one: a mismatch is looked at again after another round.
+  let cluster = null;
+  if ('/cluster' in (await fetchJson('/openapi.json')).paths) {
+    const shownNodes = () => page.$$eval('#cluster tbody tr', (rows) => rows.map((r) => [...r.cells].map((c) => c.textContent)));
+    const expected = async () => (await fetchJson('/cluster')).nodes.map((n) => [String(n.node_id), n.address, n.partitions.join(' ')]);
+    let [seen, want] = [await shownNodes(), await expected()];
+    for (let attempt = 0; attempt < 3 && JSON.stringify(seen) !== JSON.stringify(want); attempt += 1) {
+      await nextRound();
+      [seen, want] = [await shownNodes(), await expected()];
+    }
+    if (JSON.stringify(seen) !== JSON.stringify(want)) problems.push(`cluster: the page shows ${JSON.stringify(seen)}, /cluster says ${JSON.stringify(want)}`);
+    cluster = seen;
+  }
+
   await page.screenshot({ path: screenshot, fullPage: true });
-  console.log(JSON.stringify({ rounds: await rounds(), totals, facts, throughput, panels, problems }));
+  console.log(JSON.stringify({ rounds: await rounds(), totals, facts, throughput, panels, cluster, problems }));
 } finally {
   await browser.close();
 }

@@ -426,7 +426,7 @@ async function showCluster() {
   section.hidden = false;
   section.querySelector('.body').replaceChildren(
     facts([['this node', cluster.node_id], ['partitions', cluster.partitions], ['unowned', cluster.partitions_unowned]]),
-    table(['node', 'address', 'partitions'], cluster.nodes.map((n) => [n.node_id, n.address, n.partitions.join(' ')])),
+    table(['node', 'address', 'partitions'], cluster.nodes.map((n) => [String(n.node_id), n.address, n.partitions.join(' ')])),
   );
 }
 

@@ -2,16 +2,17 @@
 //! `scripts/browser-check.sh` installs both on first use) while `spate load` drives every app: the page
 //! refreshes by itself, its numbers move and lie between two scrapes of `/metrics` and of each app's
 //! endpoint, each app under load shows throughput and a panel, and no console error, page error or
-//! failed request appears. The screenshot is saved in `target/tmp/` (`CARGO_TARGET_TMPDIR`).
+//! failed request appears. The screenshots are saved in `target/tmp/` (`CARGO_TARGET_TMPDIR`). A
+//! cluster node's page, which shows the nodes and their partitions too, is checked in `kafka.rs`.
 
 mod support;
 
 use serde_json::json;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use support::browser::check_dashboard;
 use support::{Server, agent, new_key};
 
 /// Apps and the `spate load` scenario that keeps each busy while the browser looks.
@@ -45,34 +46,6 @@ fn start_load(base: &str, app: &str, scenario: &str) -> Child {
         .unwrap()
 }
 
-/// Runs the browser check against `base` with the apps under load; panics with its report unless it
-/// passes.
-fn browser_check(base: &str, screenshot: &Path, apps: &[&str], key: Option<&str>) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/browser-check.sh");
-    let mut command = Command::new(script);
-    command.arg(base).arg(screenshot).args(apps);
-    if let Some(key) = key {
-        command.env("SPATE_DASHBOARD_KEY", key);
-    }
-    let output = command.output().unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr),
-    );
-    assert!(
-        output.status.success(),
-        "the dashboard check failed:\n{stdout}\n{stderr}"
-    );
-    let report: serde_json::Value = serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("{e}: the check printed {stdout:?}"));
-    assert!(report["rounds"].as_u64().unwrap() >= 3, "{report}");
-    assert!(screenshot.metadata().unwrap().len() > 0);
-}
-
-fn screenshot(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join(name)
-}
-
 struct Loads(Vec<Child>);
 
 impl Drop for Loads {
@@ -99,7 +72,7 @@ fn the_dashboard_shows_every_app_under_load_in_a_browser() {
             .collect(),
     );
     let apps: Vec<&str> = LOADS.iter().map(|&(app, _)| app).collect();
-    browser_check(&server.base, &screenshot("dashboard.png"), &apps, None);
+    check_dashboard(&server.base, "dashboard.png", &apps, None);
 }
 
 #[test]
@@ -137,9 +110,9 @@ fn behind_keys_the_dashboard_asks_for_one_and_works_with_a_read_key() {
             unreachable!()
         })
     };
-    browser_check(
+    check_dashboard(
         &server.base,
-        &screenshot("dashboard-with-keys.png"),
+        "dashboard-with-keys.png",
         &["tally"],
         Some(&reader),
     );

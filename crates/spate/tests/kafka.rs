@@ -204,7 +204,7 @@ fn kafka_cluster_keeps_every_acknowledged_command() {
     let cluster = Cluster::start();
     let seed = seed();
     eprintln!("kafka test seed {seed} (rerun with SPATE_CRASH_SEED={seed})");
-    let scenarios: [(&str, &dyn Fn()); 8] = [
+    let scenarios: [(&str, &dyn Fn()); 9] = [
         ("mixed load: kill -9 of a node", &|| {
             mixed_load_survives_a_lost_node(&cluster, seed)
         }),
@@ -227,6 +227,9 @@ fn kafka_cluster_keeps_every_acknowledged_command() {
         }),
         ("bad configuration is refused", &|| {
             bad_configuration_is_refused(&cluster)
+        }),
+        ("the dashboard shows the nodes", &|| {
+            the_dashboard_shows_the_nodes(&cluster, seed)
         }),
     ];
     // SPATE_KAFKA_SCENARIO=part runs only the scenarios whose name contains it (to iterate on one).
@@ -988,6 +991,28 @@ fn assert_owners(base: &str, node_ids: &[u64], when: &str) {
         settled,
         "{when}: the cluster never became nodes {node_ids:?}: {last}"
     );
+}
+
+/// A node's dashboard, in a real browser under load, shows both nodes of the cluster and the
+/// partitions each owns, as `/cluster` names them (besides everything `tests/dashboard.rs` checks).
+fn the_dashboard_shows_the_nodes(cluster: &Cluster, seed: u64) {
+    let places = NodePlaces::new(2);
+    let args = cluster.serve_args("dashboard", "4", "tally");
+    let nodes: Vec<Server> = (0..2).map(|i| places.start(cluster, i, &args)).collect();
+    assert_owners(&nodes[0].base, &[1, 2], "two nodes started");
+    warm_up(&nodes[0].base, WARM_UP_TAG);
+    let load = Load::start(&nodes[0].base, seed, 0);
+    let report = support::browser::check_dashboard(
+        &nodes[0].base,
+        "dashboard-cluster.png",
+        &["tally"],
+        None,
+    );
+    load.finish();
+    let shown = report["cluster"]
+        .as_array()
+        .expect("the page showed the cluster");
+    assert_eq!(shown.len(), 2, "{report}");
 }
 
 /// A free TCP port on 127.0.0.1 (free when this returns; nodes of a cluster need theirs in advance).

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)] // each test binary uses part of this
 
+pub mod browser;
 pub mod endpoints;
 pub mod fraud;
 pub mod ledger;
