@@ -3,14 +3,16 @@
 //! visitor's key, so the files themselves hold no data and are open to anyone who reaches the port.
 //! The Content-Security-Policy lets the page run only its own script, and talk only to its origin.
 
+use crate::ApiError;
 use crate::openapi::AppRouter;
+use axum::extract::Path;
 use axum::http::{HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-/// Where the page and its two files are served (see the `utoipa::path`s below).
-pub(crate) const PATHS: [&str; 3] = ["/", "/dashboard/app.js", "/dashboard/style.css"];
+/// Where the page and its files are served (see the `utoipa::path`s below).
+pub(crate) const PATHS: [&str; 2] = ["/", "/dashboard/{file}"];
 
 const INDEX_HTML: &str = include_str!("../dashboard/index.html");
 const APP_JS: &str = include_str!("../dashboard/app.js");
@@ -26,8 +28,7 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; st
 pub fn routes() -> AppRouter {
     OpenApiRouter::new()
         .routes(routes!(index))
-        .routes(routes!(script))
-        .routes(routes!(style))
+        .routes(routes!(asset))
 }
 
 fn file(content_type: &'static str, body: &'static str) -> Response {
@@ -59,24 +60,21 @@ async fn index() -> Response {
     file("text/html; charset=utf-8", INDEX_HTML)
 }
 
-/// The dashboard's script.
+/// The dashboard's script (`app.js`) and style sheet (`style.css`).
 #[utoipa::path(
     get,
-    path = "/dashboard/app.js",
+    path = "/dashboard/{file}",
     tag = "server",
-    responses((status = 200, description = "The script.", content_type = "text/javascript", body = String)),
+    params(("file" = String, Path, description = "`app.js` or `style.css`.", pattern = "^(app\\.js|style\\.css)$")),
+    responses(
+        (status = 200, description = "The file.", content((String = "text/javascript"), (String = "text/css"))),
+        (status = 404, description = "`not_found`: no such file.", body = crate::api::ErrorBody),
+    ),
 )]
-async fn script() -> Response {
-    file("text/javascript; charset=utf-8", APP_JS)
-}
-
-/// The dashboard's style sheet.
-#[utoipa::path(
-    get,
-    path = "/dashboard/style.css",
-    tag = "server",
-    responses((status = 200, description = "The style sheet.", content_type = "text/css", body = String)),
-)]
-async fn style() -> Response {
-    file("text/css; charset=utf-8", STYLE_CSS)
+async fn asset(Path(file_name): Path<String>) -> Response {
+    match file_name.as_str() {
+        "app.js" => file("text/javascript; charset=utf-8", APP_JS),
+        "style.css" => file("text/css; charset=utf-8", STYLE_CSS),
+        _ => ApiError::not_found("the dashboard has app.js and style.css").into_response(),
+    }
 }
