@@ -33,6 +33,7 @@ pub use archive::{ArchiveError, ArchiveReader};
 pub use disk::DiskStatus;
 pub use engine::{Engine, EngineConfig, EngineHandle, Health, Pending, Refused};
 pub use journal::{Durability, FileLogStore, JournalConfig, LogStore, Lsn};
+pub use meta::DATA_FORMAT_VERSION;
 pub use record::{Envelope, Origin};
 pub use scrub::StoreDamage;
 pub use segmented::{EntryCodec, SegmentedMap};

@@ -89,7 +89,7 @@ pub(crate) fn run(
                     Err(reason) => tracing::error!(
                         partition,
                         offset = message.offset(),
-                        reason,
+                        %reason,
                         "an unreadable journal record; the read model stops following here"
                     ),
                 }

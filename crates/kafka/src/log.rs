@@ -8,14 +8,20 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use spate_engine::PartitionId;
 use spate_engine::journal::{JournalError, Log, Lsn, Visit};
 use spate_engine::record::{FRAME_HEADER_BYTES, Frame, read_frame};
+use spate_engine::{DATA_FORMAT_VERSION, PartitionId};
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-const KEY_VERSION: u8 = 1;
+/// The first byte of every record's key: the data format version of its frames (the journal records
+/// and the events in them, [`DATA_FORMAT_VERSION`]). Nodes of two versions may share a topic during an
+/// upgrade, so a node refuses a record of a newer version rather than misread it.
+const KEY_VERSION: u8 = {
+    assert!(DATA_FORMAT_VERSION >= 1 && DATA_FORMAT_VERSION <= u8::MAX as u32);
+    DATA_FORMAT_VERSION as u8
+};
 const KEY_BYTES: usize = 13;
 /// A group commit is split into Kafka records of at most this many bytes of frames.
 const CHUNK_BYTES_MAX: usize = MESSAGE_BYTES_MAX - 64 * 1024;
@@ -46,24 +52,46 @@ impl RecordKey {
         key
     }
 
-    pub(crate) fn decode(key: Option<&[u8]>) -> Result<Self, String> {
-        let key = key.ok_or("a record without a key")?;
+    /// The key of a record of any version up to this binary's ([`KEY_VERSION`]); every version so far
+    /// has the same layout.
+    pub(crate) fn decode(key: Option<&[u8]>) -> Result<Self, KeyError> {
+        let key = key.ok_or(KeyError::Malformed("a record without a key".into()))?;
         if key.len() != KEY_BYTES {
-            return Err(format!(
+            return Err(KeyError::Malformed(format!(
                 "a key of {} bytes, expected {KEY_BYTES}",
                 key.len()
-            ));
+            )));
         }
-        if key[0] != KEY_VERSION {
-            return Err(format!(
-                "a record of format version {}; this binary reads version {KEY_VERSION}",
-                key[0]
-            ));
+        match key[0] {
+            0 => return Err(KeyError::Malformed("a key of format version 0".into())),
+            newer if newer > KEY_VERSION => return Err(KeyError::Newer(newer)),
+            _ => {}
         }
         Ok(Self {
             first_lsn: u64::from_le_bytes(key[1..9].try_into().expect("8 bytes")),
             record_count: u32::from_le_bytes(key[9..13].try_into().expect("4 bytes")),
         })
+    }
+}
+
+/// Why a record's key is not read.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum KeyError {
+    /// Not a key any version of spate writes.
+    Malformed(String),
+    /// A key of this data format version, newer than [`KEY_VERSION`].
+    Newer(u8),
+}
+
+impl std::fmt::Display for KeyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Malformed(reason) => f.write_str(reason),
+            Self::Newer(version) => write!(
+                f,
+                "a record of data format version {version}; this binary reads versions 1 to {KEY_VERSION}"
+            ),
+        }
     }
 }
 
@@ -675,12 +703,21 @@ fn each_record(
             Some(Ok(message)) => {
                 last_progress = Instant::now();
                 let offset = message.offset();
+                let path = || format!("Kafka partition {partition}").into();
                 let corrupt = |reason: String| JournalError::Corrupt {
-                    path: format!("Kafka partition {partition}").into(),
+                    path: path(),
                     offset: offset as u64,
                     reason,
                 };
-                let key = RecordKey::decode(message.key()).map_err(corrupt)?;
+                let key = RecordKey::decode(message.key()).map_err(|error| match error {
+                    KeyError::Newer(found) => JournalError::NewerFormat {
+                        path: path(),
+                        offset: offset as u64,
+                        found: u32::from(found),
+                        readable: DATA_FORMAT_VERSION,
+                    },
+                    KeyError::Malformed(reason) => corrupt(reason),
+                })?;
                 let frames = message.payload().unwrap_or_default();
                 match each(key, offset, frames).map_err(corrupt)? {
                     Continue::Yes => {}
@@ -729,7 +766,7 @@ mod tests {
     }
 
     #[test]
-    fn key_round_trips_and_refuses_other_versions() {
+    fn key_round_trips_and_refuses_newer_versions() {
         let key = RecordKey {
             first_lsn: u64::MAX - 3,
             record_count: 77,
@@ -737,11 +774,21 @@ mod tests {
         assert_eq!(RecordKey::decode(Some(&key.encode())), Ok(key));
         let mut newer = key.encode();
         newer[0] = KEY_VERSION + 1;
-        assert!(
-            RecordKey::decode(Some(&newer))
-                .unwrap_err()
-                .contains("version")
+        let refused = RecordKey::decode(Some(&newer)).unwrap_err();
+        assert_eq!(refused, KeyError::Newer(KEY_VERSION + 1));
+        assert_eq!(
+            refused.to_string(),
+            format!(
+                "a record of data format version {}; this binary reads versions 1 to {KEY_VERSION}",
+                KEY_VERSION + 1
+            )
         );
+        let mut unversioned = key.encode();
+        unversioned[0] = 0;
+        assert!(matches!(
+            RecordKey::decode(Some(&unversioned)),
+            Err(KeyError::Malformed(_))
+        ));
         assert!(RecordKey::decode(Some(&newer[..12])).is_err());
         assert!(RecordKey::decode(None).is_err());
     }

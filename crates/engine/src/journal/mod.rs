@@ -44,6 +44,16 @@ pub enum JournalError {
         offset: u64,
         reason: String,
     },
+    /// A record a newer binary wrote (on a shared log), in a format this binary does not read.
+    #[error(
+        "the journal record in {path} at offset {offset} is of data format version {found}; this binary reads versions 1 to {readable}: run a binary at least as new as the one that wrote it"
+    )]
+    NewerFormat {
+        path: PathBuf,
+        offset: u64,
+        found: u32,
+        readable: u32,
+    },
     #[error("journal is missing records: {0}")]
     Gap(String),
     #[error(
