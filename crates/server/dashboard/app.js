@@ -145,6 +145,8 @@ class Chart {
     const caption = document.createElement('figcaption');
     caption.textContent = title;
     this.canvas = document.createElement('canvas');
+    this.canvas.setAttribute('role', 'img');
+    this.canvas.setAttribute('aria-label', `${title} over the last 5 minutes; the latest values are in the legend below`);
     this.legend = document.createElement('ul');
     this.legend.className = 'legend';
     figure.append(caption, this.canvas, this.legend);
@@ -189,6 +191,10 @@ class Chart {
     g.fillStyle = '#667085';
     g.font = `${11 * ratio}px system-ui, sans-serif`;
     if (scaled) g.fillText(this.format(top), pad, 12 * ratio);
+    g.fillText('-5 min', pad, height - 2 * pad);
+    g.textAlign = 'right';
+    g.fillText('now', width - pad, height - 2 * pad);
+    g.textAlign = 'left';
     this.legend.replaceChildren();
     [...this.series.keys()].sort().forEach((name, i) => {
       const points = this.series.get(name);
