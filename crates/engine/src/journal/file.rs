@@ -61,33 +61,19 @@ pub const TORN_WRITE: &str = "a torn write: a group commit interrupted by a cras
 /// The first record cut is whole but for one byte: something changed it after it was written.
 pub const DAMAGED_RECORD: &str = "a damaged record: one byte of it differs from what was written";
 
-/// The longest record [`one_byte_from_whole`] searches (about 255 checksums of it per byte).
-const DAMAGE_SEARCH_BYTES_MAX: usize = 1024;
-
 /// True if changing one byte after the length field of the record at the start of `bytes` makes it
 /// whole: a changed byte, not a write cut short (which leaves the record's end unwritten: zeros, in a
-/// preallocated segment). Records over [`DAMAGE_SEARCH_BYTES_MAX`] are not searched.
+/// preallocated segment).
 fn one_byte_from_whole(bytes: &[u8]) -> bool {
     let Some(length_bytes) = bytes.get(..4) else {
         return false;
     };
     let length = u32::from_le_bytes(length_bytes.try_into().expect("4 bytes")) as usize;
     let total = crate::record::FRAME_HEADER_BYTES + length;
-    if length == 0 || total > DAMAGE_SEARCH_BYTES_MAX || total > bytes.len() {
-        return false;
-    }
-    let mut frame = bytes[..total].to_vec();
-    for at in 4..total {
-        let original = frame[at];
-        for value in (0..=u8::MAX).filter(|&value| value != original) {
-            frame[at] = value;
-            if matches!(read_frame(&frame), Frame::Valid { .. }) {
-                return true;
-            }
-        }
-        frame[at] = original;
-    }
-    false
+    length != 0
+        && length <= crate::record::RECORD_BYTES_MAX
+        && total <= bytes.len()
+        && crate::record::one_byte_from_valid(&bytes[..total])
 }
 
 /// Counts the records the cut bytes `written` began (each from its declared length, until one does
