@@ -520,6 +520,7 @@ impl HistoryStore {
     }
 
     pub fn restore(input: &mut dyn Read) -> io::Result<Self> {
+        const RESTORE_CARDS_BEFORE_RESERVING: u64 = 1024;
         let mut word = [0; 8];
         input.read_exact(&mut word)?;
         let cap = u64::from_le_bytes(word) as usize;
@@ -532,10 +533,14 @@ impl HistoryStore {
         input.read_exact(&mut word)?;
         let count = u64::from_le_bytes(word);
         let mut store = Self::new(cap);
-        // Bounded by what a partition can hold, so that a damaged count cannot reserve the machine.
-        store.reserve_cards(count.min(1 << 26) as usize);
         let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
-        for _ in 0..count {
+        for read in 0..count {
+            // Reserved for the whole count (so that the tables never rehash) once its first cards
+            // were read whole, and bounded by what a partition can hold: a count damaged in a short
+            // or garbled section reserves nothing, and no count can reserve the machine.
+            if read == RESTORE_CARDS_BEFORE_RESERVING {
+                store.reserve_cards((count.min(1 << 26) - read) as usize);
+            }
             input.read_exact(&mut word)?;
             let card = u64::from_le_bytes(word);
             let mut len = [0; 4];
