@@ -898,9 +898,12 @@ async fn summary(State(payments): Shared) -> Result<Response, ApiError> {
     for partition in 0..payments.engine.partition_count() {
         let query = encode(&PartitionQuery::Spooled);
         let answer = payments.engine.read(partition, APP_ID, query).await?;
+        // A node of a version before this query answers it with nothing: the summary is refused
+        // until every node runs this version.
         let spooled: u64 = decode(&answer).map_err(|error| {
             read_model_error(format!(
-                "partition {partition} could not count its pending captures ({error})"
+                "partition {partition} could not count its pending captures (its node may run an \
+                 older version): {error}"
             ))
         })?;
         captures_to_settle += spooled;
