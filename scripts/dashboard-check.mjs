@@ -55,7 +55,11 @@ const FACTS = {
 };
 
 const problems = [];
+/// Set once the page sends its first request with a key: until then it is refused on purpose.
 let keyGiven = false;
+/// Requests per second an app under load must show: the page's own reads of an app's endpoints are a
+/// few per second (ski's the most), and the tests' load is 50 or more per app.
+const THROUGHPUT_UNDER_LOAD_MIN = 10;
 const browser = await chromium.launch({
   executablePath: '/usr/bin/chromium',
   // Root (as in CI) cannot use chromium's sandbox.
@@ -63,8 +67,11 @@ const browser = await chromium.launch({
 });
 try {
   const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
-  // Without a key the page is refused once, on purpose, and asks for one: the browser logs that 401.
+  // Without a key the page is refused, on purpose, and asks for one: the browser logs those 401s.
   const expectedRefusal = (status) => key && status === 401 && !keyGiven;
+  page.on('request', (request) => {
+    if (request.headers().authorization) keyGiven = true;
+  });
   page.on('console', (message) => {
     const refusal = message.text().includes('status of 401');
     if (message.type() === 'error' && !(refusal && expectedRefusal(401))) problems.push(`console error: ${message.text()}`);
@@ -78,7 +85,6 @@ try {
   await page.goto(`${base}/`);
   if (key) {
     await page.locator('#key-form').waitFor({ state: 'visible', timeout: ROUND_TIMEOUT_MS });
-    keyGiven = true;
     await page.fill('#key', key);
     await page.click('#key-form button');
   }
@@ -87,6 +93,13 @@ try {
     const after = await rounds();
     await page.waitForFunction((n) => Number(document.body.dataset.rounds || 0) > n, after, { timeout: ROUND_TIMEOUT_MS });
   };
+  /// Until the page shows a round whose scrape began at `ms` or later (the page and this script read
+  /// the same clock).
+  const roundScrapedFrom = (ms) => page.waitForFunction(
+    (t) => Number(document.body.dataset.scrapeStartedMs || 0) >= t,
+    ms,
+    { timeout: ROUND_TIMEOUT_MS },
+  );
   const shown = (selector) => page.$$eval(selector, (nodes) => Object.fromEntries(nodes.map((n) => [n.dataset.total || n.dataset.fact || n.dataset.series, Number(n.dataset.value)])));
 
   // Two rounds make the first rates.
@@ -94,11 +107,11 @@ try {
   await nextRound();
   const first = await shown('[data-total]');
 
-  // Each total between two scrapes around one refresh.
+  // Each total between two scrapes around one refresh: one whose scrape began after these reads.
   const before = await fetchText('/metrics');
   const factsBefore = {};
   for (const [fact, [app, read]] of Object.entries(FACTS)) if (loadedApps.includes(app)) factsBefore[fact] = await read();
-  await nextRound();
+  await roundScrapedFrom(Date.now());
   const totals = await shown('[data-total]');
   const facts = await shown('[data-fact]');
   const after = await fetchText('/metrics');
@@ -117,7 +130,7 @@ try {
   }
   const throughput = await shown('#chart-throughput [data-series]');
   for (const app of loadedApps) {
-    if (!(throughput[app] > 0)) problems.push(`no throughput shown for ${app}: ${JSON.stringify(throughput)}`);
+    if (!(throughput[app] > THROUGHPUT_UNDER_LOAD_MIN)) problems.push(`no throughput under load shown for ${app}: ${JSON.stringify(throughput)}`);
   }
   const panels = await page.$$eval('#apps section', (sections) => sections.map((s) => s.id));
   for (const app of loadedApps) if (!panels.includes(`app-${app}`)) problems.push(`no panel for ${app}: ${panels}`);

@@ -12,6 +12,7 @@ const HISTORY_MS = 5 * 60 * 1000;
 const SKI_RESORTS_SHOWN_MAX = 10;
 const SKI_REFRESH_ROUNDS = 5;
 const SKI_DAYS_SHOWN = 7;
+const SKI_SEASONS_LOOKED_AT_MAX = 3;
 const COLORS = ['#2e6bd9', '#d9482e', '#12805c', '#b54708', '#7a3fd1', '#0e8ba8', '#c11574', '#4e5ba6'];
 
 const page = {
@@ -23,18 +24,26 @@ const page = {
   rounds: 0,
   charts: [],
   board: null,
+  boardSelect: null,
   skiDays: null,
 };
 
 // ---- fetching ----
 
+/// The server wants a key (401), or one that may read its metrics (403 there): the page asks for one.
 class Refused extends Error {}
+
+/// Paths without which the page shows nothing: a key they refuse is the wrong key.
+const CORE_PATHS = ['/metrics', '/health', '/openapi.json'];
 
 async function fetchFrom(path, parse) {
   const headers = page.key ? { Authorization: `Bearer ${page.key}` } : {};
   const response = await fetch(path, { headers, cache: 'no-store' });
-  if (response.status === 401 || response.status === 403) {
+  if (response.status === 401 || (response.status === 403 && CORE_PATHS.includes(path))) {
     throw new Refused(`${path}: ${response.status}`);
+  }
+  if (response.status === 403) {
+    throw new Error(`this key may not read ${path}`);
   }
   // /health answers 503 with the same body, saying why.
   if (!response.ok && !(path === '/health' && response.status === 503)) {
@@ -61,9 +70,14 @@ function parseMetrics(text) {
     for (const [, name, value] of (found[2] || '').matchAll(label)) {
       labels[name] = value.replace(/\\(.)/g, (_, c) => (c === 'n' ? '\n' : c));
     }
-    samples.push({ name: found[1], labels, value: Number(found[3]) });
+    samples.push({ name: found[1], labels, value: metricValue(found[3]) });
   }
   return samples;
+}
+
+/// A sample's value: a number, or `+Inf`, `-Inf` or `NaN` as the text format writes them.
+function metricValue(text) {
+  return { '+Inf': Infinity, '-Inf': -Infinity }[text] ?? Number(text);
 }
 
 /// The sum of `name`'s samples, grouped by what `group` returns for their labels (skipping `null`).
@@ -381,15 +395,28 @@ const APP_PANELS = {
       return;
     }
     if (!boards.some((b) => b.name === page.board)) page.board = boards[0].name;
-    const select = document.createElement('select');
-    select.setAttribute('aria-label', 'board');
-    for (const b of boards) select.add(new Option(`${b.name} (${formatNumber(b.members)} members)`, b.name, false, b.name === page.board));
-    select.addEventListener('change', () => {
-      page.board = select.value;
-      APP_PANELS.leaderboard().catch(report);
-    });
+    // One list for the page's life, its options replaced only when the boards change: rebuilt every
+    // round, it would close while someone is choosing.
+    if (!page.boardSelect) {
+      page.boardSelect = document.createElement('select');
+      page.boardSelect.setAttribute('aria-label', 'board');
+      page.boardSelect.addEventListener('change', () => {
+        page.board = page.boardSelect.value;
+      });
+    }
+    const select = page.boardSelect;
+    const names = boards.map((b) => b.name);
+    if (JSON.stringify([...select.options].map((o) => o.value)) !== JSON.stringify(names)) {
+      select.replaceChildren(...names.map((name) => new Option(name, name)));
+    }
+    select.value = page.board;
+    const board = boards.find((b) => b.name === page.board);
     const top = await getJson(`/leaderboards/${encodeURIComponent(page.board)}/top?limit=10`);
-    body.replaceChildren(select, table(['member', 'rank', 'score'], top.entries.map((e) => [e.member, e.rank, e.score])));
+    body.replaceChildren(
+      select,
+      facts([['members', board.members]]),
+      table(['member', 'rank', 'score'], top.entries.map((e) => [e.member, e.rank, e.score])),
+    );
   },
 
   async ski() {
@@ -418,10 +445,13 @@ async function skiDays() {
   const rows = [];
   for (const resort of resorts.slice(0, SKI_RESORTS_SHOWN_MAX)) {
     const { seasons } = await getJson(`/resorts/${resort.resortID}/seasons`);
-    if (!seasons.length) continue;
-    const season = seasons.map(Number).reduce((a, b) => Math.max(a, b));
-    const { days } = await getJson(`/resorts/${resort.resortID}/seasons/${season}/days`);
-    for (const day of days.slice(-SKI_DAYS_SHOWN)) rows.push([resort.resortName, String(season), String(day.dayID), day.numSkiers]);
+    // The newest season with rides: a season may be added before anyone rides in it.
+    for (const season of seasons.map(Number).sort((a, b) => b - a).slice(0, SKI_SEASONS_LOOKED_AT_MAX)) {
+      const { days } = await getJson(`/resorts/${resort.resortID}/seasons/${season}/days`);
+      if (!days.length) continue;
+      for (const day of days.slice(-SKI_DAYS_SHOWN)) rows.push([resort.resortName, String(season), String(day.dayID), day.numSkiers]);
+      break;
+    }
   }
   return rows;
 }
@@ -470,7 +500,7 @@ function report(error) {
 }
 
 async function round() {
-  page.rounds += 1;
+  // Before the scrape: what the page shows is at least as new as this (the browser test relies on it).
   const time = Date.now();
   const [text, health] = await Promise.all([getText('/metrics'), getJson('/health')]);
   const samples = parseMetrics(text);
@@ -482,13 +512,17 @@ async function round() {
   }
   for (const chart of page.charts) chart.draw(time);
   page.previous = { time, samples };
+  page.rounds += 1;
   const panels = page.apps.filter((app) => APP_PANELS[app]).map((app) => APP_PANELS[app]());
   if (page.hasCluster) panels.push(showCluster());
   const failed = (await Promise.allSettled(panels)).filter((p) => p.status === 'rejected');
-  if (failed.length) throw failed[0].reason;
-  document.getElementById('problem').textContent = '';
   document.getElementById('updated').textContent = `updated ${new Date(time).toISOString()}`;
   document.body.dataset.rounds = String(page.rounds);
+  document.body.dataset.scrapeStartedMs = String(time);
+  // A panel that failed keeps what it showed; the others are new. A refused key asks for another.
+  const refused = failed.find((p) => p.reason instanceof Refused);
+  if (refused || failed.length) throw (refused || failed[0]).reason;
+  document.getElementById('problem').textContent = '';
 }
 
 async function start() {
