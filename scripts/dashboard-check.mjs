@@ -2,9 +2,13 @@
 // installs both). Exits non-zero, saying why, unless:
 // - the page loads and refreshes by itself, with no console error, page error or failed request;
 // - with SPATE_DASHBOARD_KEY set, it first asks for a key and then works with that one;
+// - with SPATE_DASHBOARD_KEY_METRICS_ONLY=1 too (a key of the role `metrics`), its charts and totals
+//   still refresh, it does not ask for another key, and it says which endpoint the key may not read;
 // - each total it shows lies between two scrapes of /metrics taken around one of its refreshes;
-// - the totals grow while the server is under load, and each app named shows throughput above 0;
-// - the facts the app panels show lie between two reads of the app's own endpoint;
+// - the totals grow while the server is under load, and each app named shows more than
+//   THROUGHPUT_UNDER_LOAD_MIN requests per second;
+// - the facts the app panels show lie between two reads of the app's own endpoint, and each app named
+//   has its panel (not with a metrics-only key);
 // - on a cluster node, the nodes and the partitions each owns are those /cluster names.
 // It then saves a screenshot of the whole page and prints what it saw as JSON.
 // Usage: node dashboard-check.mjs BASE_URL SCREENSHOT_PNG [APP...]
@@ -19,6 +23,9 @@ if (!base || !screenshot) {
   process.exit(2);
 }
 const key = process.env.SPATE_DASHBOARD_KEY;
+const metricsOnly = process.env.SPATE_DASHBOARD_KEY_METRICS_ONLY === '1';
+/// What a metrics-only key may read; the page's other requests are refused 403 on purpose.
+const METRICS_KEY_PATHS = ['/metrics', '/health', '/openapi.json', '/', '/dashboard/app.js', '/dashboard/style.css'];
 const ROUND_TIMEOUT_MS = 20_000;
 
 const headers = key ? { Authorization: `Bearer ${key}` } : {};
@@ -68,18 +75,21 @@ const browser = await chromium.launch({
 try {
   const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
   // Without a key the page is refused, on purpose, and asks for one: the browser logs those 401s.
-  const expectedRefusal = (status) => key && status === 401 && !keyGiven;
+  const expectedRefusal = (status, url) => (key && status === 401 && !keyGiven)
+    || (metricsOnly && status === 403 && (url === undefined || !METRICS_KEY_PATHS.includes(new URL(url).pathname)));
   page.on('request', (request) => {
     if (request.headers().authorization) keyGiven = true;
   });
   page.on('console', (message) => {
-    const refusal = message.text().includes('status of 401');
-    if (message.type() === 'error' && !(refusal && expectedRefusal(401))) problems.push(`console error: ${message.text()}`);
+    const status = [401, 403].find((s) => message.text().includes(`status of ${s}`));
+    if (message.type() === 'error' && !(status && expectedRefusal(status, message.location().url || undefined))) {
+      problems.push(`console error: ${message.text()}`);
+    }
   });
   page.on('pageerror', (error) => problems.push(`page error: ${error.message}`));
   page.on('requestfailed', (request) => problems.push(`request failed: ${request.url()} ${request.failure()?.errorText}`));
   page.on('response', (response) => {
-    if (response.status() >= 400 && !expectedRefusal(response.status())) problems.push(`answer ${response.status()}: ${response.url()}`);
+    if (response.status() >= 400 && !expectedRefusal(response.status(), response.url())) problems.push(`answer ${response.status()}: ${response.url()}`);
   });
 
   await page.goto(`${base}/`);
@@ -110,7 +120,7 @@ try {
   // Each total between two scrapes around one refresh: one whose scrape began after these reads.
   const before = await fetchText('/metrics');
   const factsBefore = {};
-  for (const [fact, [app, read]] of Object.entries(FACTS)) if (loadedApps.includes(app)) factsBefore[fact] = await read();
+  for (const [fact, [app, read]] of Object.entries(FACTS)) if (loadedApps.includes(app) && !metricsOnly) factsBefore[fact] = await read();
   await roundScrapedFrom(Date.now());
   const totals = await shown('[data-total]');
   const facts = await shown('[data-fact]');
@@ -133,7 +143,13 @@ try {
     if (!(throughput[app] > THROUGHPUT_UNDER_LOAD_MIN)) problems.push(`no throughput under load shown for ${app}: ${JSON.stringify(throughput)}`);
   }
   const panels = await page.$$eval('#apps section', (sections) => sections.map((s) => s.id));
-  for (const app of loadedApps) if (!panels.includes(`app-${app}`)) problems.push(`no panel for ${app}: ${panels}`);
+  if (metricsOnly) {
+    const said = await page.textContent('#problem');
+    if (!said.includes('may not read')) problems.push(`with a metrics-only key the page should say what it may not read; it says ${JSON.stringify(said)}`);
+    if (await page.locator('#key-form').isVisible()) problems.push('with a metrics-only key the page asks for another key');
+  } else {
+    for (const app of loadedApps) if (!panels.includes(`app-${app}`)) problems.push(`no panel for ${app}: ${panels}`);
+  }
 
   // A cluster node's page shows each node with the partitions /cluster says it owns. Owners may move
   // between the page's read and this one: a mismatch is looked at again after another round.

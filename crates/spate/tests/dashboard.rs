@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use support::browser::check_dashboard;
+use support::browser::{Key, check_dashboard};
 use support::{Server, agent, new_key};
 
 /// Apps and the `spate load` scenario that keeps each busy while the browser looks.
@@ -72,15 +72,16 @@ fn the_dashboard_shows_every_app_under_load_in_a_browser() {
             .collect(),
     );
     let apps: Vec<&str> = LOADS.iter().map(|&(app, _)| app).collect();
-    check_dashboard(&server.base, "dashboard.png", &apps, None);
+    check_dashboard(&server.base, "dashboard.png", &apps, Key::None);
 }
 
 #[test]
-fn behind_keys_the_dashboard_asks_for_one_and_works_with_a_read_key() {
+fn behind_keys_the_dashboard_asks_for_one_and_shows_what_the_key_may_read() {
     let dir = tempfile::tempdir().unwrap();
     let keys = dir.path().join("keys.toml");
     let writer = new_key(&keys, "writer", &["tally:write"]);
     let reader = new_key(&keys, "reader", &["read"]);
+    let observer = new_key(&keys, "observer", &["metrics"]);
     let server = Server::start(
         &dir.path().join("data"),
         &["--apps", "tally", "--auth", keys.to_str().unwrap()],
@@ -114,7 +115,15 @@ fn behind_keys_the_dashboard_asks_for_one_and_works_with_a_read_key() {
         &server.base,
         "dashboard-with-keys.png",
         &["tally"],
-        Some(&reader),
+        Key::Read(&reader),
+    );
+    // A key that may read only the metrics: the charts still refresh, the panel says what it may not
+    // read, and the page does not ask for another key.
+    check_dashboard(
+        &server.base,
+        "dashboard-with-a-metrics-key.png",
+        &["tally"],
+        Key::MetricsOnly(&observer),
     );
     stop.store(true, Ordering::Relaxed);
     assert!(adder.join().unwrap() > 0);

@@ -1006,7 +1006,7 @@ fn the_dashboard_shows_the_nodes(cluster: &Cluster, seed: u64) {
         &nodes[0].base,
         "dashboard-cluster.png",
         &["tally"],
-        None,
+        support::browser::Key::None,
     );
     load.finish();
     let shown = report["cluster"]

@@ -5,16 +5,33 @@ use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
 
-/// Opens `base`'s dashboard with `key` (if any) while `apps` are under load, and panics with the
-/// check's report unless it passes; the screenshot goes to `target/tmp/SCREENSHOT`. Returns the report
-/// (what the page showed).
-pub fn check_dashboard(base: &str, screenshot: &str, apps: &[&str], key: Option<&str>) -> Value {
+/// The key the page is given, if the server asks for one.
+#[derive(Clone, Copy)]
+pub enum Key<'a> {
+    None,
+    /// A key of the role `read`: the page must show everything.
+    Read(&'a str),
+    /// A key of the role `metrics`: the charts must refresh, and the panels say what it may not read.
+    MetricsOnly(&'a str),
+}
+
+/// Opens `base`'s dashboard with `key` while `apps` are under load, and panics with the check's
+/// report unless it passes; the screenshot goes to `target/tmp/SCREENSHOT`. Returns the report (what
+/// the page showed).
+pub fn check_dashboard(base: &str, screenshot: &str, apps: &[&str], key: Key<'_>) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/browser-check.sh");
     let screenshot = Path::new(env!("CARGO_TARGET_TMPDIR")).join(screenshot);
     let mut command = Command::new(script);
     command.arg(base).arg(&screenshot).args(apps);
-    if let Some(key) = key {
-        command.env("SPATE_DASHBOARD_KEY", key);
+    match key {
+        Key::None => {}
+        Key::Read(key) => {
+            command.env("SPATE_DASHBOARD_KEY", key);
+        }
+        Key::MetricsOnly(key) => {
+            command.env("SPATE_DASHBOARD_KEY", key);
+            command.env("SPATE_DASHBOARD_KEY_METRICS_ONLY", "1");
+        }
     }
     let output = command.output().unwrap();
     let (stdout, stderr) = (
