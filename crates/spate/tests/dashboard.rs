@@ -3,7 +3,9 @@
 //! refreshes by itself, its numbers move and lie between two scrapes of `/metrics` and of each app's
 //! endpoint, each app under load shows throughput and a panel, and no console error, page error or
 //! failed request appears. The screenshots are saved in `target/tmp/` (`CARGO_TARGET_TMPDIR`). A
-//! cluster node's page, which shows the nodes and their partitions too, is checked in `kafka.rs`.
+//! cluster node's page, which shows the nodes and their partitions too, is checked in `kafka.rs`. The
+//! files themselves (types, Content-Security-Policy, nothing else under `/dashboard/`) are checked
+//! without a browser too.
 
 mod support;
 
@@ -55,6 +57,52 @@ impl Drop for Loads {
             let _ = child.wait();
         }
     }
+}
+
+/// The page's files, as a client that is not a browser sees them: each with its type and the policy
+/// that keeps the page to its own script and origin, and nothing else under `/dashboard/`.
+#[test]
+fn the_dashboard_files_are_served_with_their_policy_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--apps", "tally"], None);
+    let agent = agent();
+    for (path, content_type) in [
+        ("/", "text/html; charset=utf-8"),
+        ("/dashboard/app.js", "text/javascript; charset=utf-8"),
+        ("/dashboard/style.css", "text/css; charset=utf-8"),
+    ] {
+        let response = agent.get(&format!("{}{path}", server.base)).call().unwrap();
+        let header = |name: &str| {
+            (response.headers().get(name))
+                .map(|value| value.to_str().unwrap().to_string())
+                .unwrap_or_default()
+        };
+        assert_eq!(response.status(), 200, "{path}");
+        assert_eq!(header("content-type"), content_type, "{path}");
+        let policy = header("content-security-policy");
+        assert!(
+            policy.contains("script-src 'self'") && policy.contains("connect-src 'self'"),
+            "{path}: {policy}"
+        );
+        assert_eq!(header("x-content-type-options"), "nosniff", "{path}");
+    }
+    for path in [
+        "/dashboard/nope.js",
+        "/dashboard/..%2Fapp.js",
+        "/dashboard/app.js/x",
+    ] {
+        let (status, body) =
+            support::raw_request(&server.base, &format!("GET {path} HTTP/1.1\r\n"));
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            (status, &body["error"]["code"]),
+            (404, &json!("not_found")),
+            "{path}"
+        );
+    }
+    let (status, _) =
+        support::raw_request(&server.base, "POST / HTTP/1.1\r\nContent-Length: 0\r\n");
+    assert_eq!(status, 405);
 }
 
 #[test]
