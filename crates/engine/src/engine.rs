@@ -10,6 +10,7 @@ use crate::journal::{FileLogStore, JournalConfig, Log, LogStore};
 use crate::metrics::{EngineMetrics, PartitionLabel, PartitionMetrics};
 use crate::partition::{self, Feed, Internal, Limits, PartitionShared, Request};
 use crate::projection::ProjectionRuntime;
+use crate::release::Releases;
 use crate::scrub::{Scrubs, StoreDamage};
 use crate::{AppId, CommandId, EngineError, Lsn, PartitionId, Reply, StartError};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
@@ -181,6 +182,7 @@ struct Inner {
     projections: Vec<ProjectionView>,
     disk: DiskGuard,
     scrubs: Scrubs,
+    releases: Releases,
     starter: Starter,
 }
 
@@ -363,10 +365,10 @@ impl Engine {
         let partition_count = config.partitions;
         let metrics = EngineMetrics::register(registry);
         let scrubs = Scrubs::new(config.store_scrub_bytes_per_s, metrics.scrub());
+        let releases = Releases::new(metrics.store_releases());
         if let Some(db) = archive_db {
-            scrubs
-                .start("archive", db.database())
-                .map_err(|e| StartError::Config(format!("spawning the archive's scrub: {e}")))?;
+            tend_store(&scrubs, &releases, "archive", db.database())
+                .map_err(|e| StartError::Config(format!("spawning the archive's threads: {e}")))?;
         }
         let (free_bytes_gauge, disk_refusals) = metrics.disk();
         let disk = DiskGuard::new(
@@ -455,6 +457,7 @@ impl Engine {
             projections: views,
             disk,
             scrubs,
+            releases,
             starter: Starter {
                 logs,
                 data_dir: config.data_dir.clone(),
@@ -504,6 +507,7 @@ impl Engine {
     pub fn shutdown(self) -> Result<(), String> {
         let inner = &self.handle.inner;
         inner.scrubs.stop_all();
+        inner.releases.stop_all();
         let mut errors = Vec::new();
         let running: Vec<PartitionId> = (0..inner.partition_count)
             .filter(|&partition| inner.is_here(partition))
@@ -1062,11 +1066,12 @@ impl EngineHandle {
         }
     }
 
-    /// Reads every record of `db`, an app's store on disk named `store` in reports, in the background
-    /// at `EngineConfig::store_scrub_bytes_per_s` until shutdown: a damaged block shows in
-    /// [`Self::health`] and `/metrics` (see `scrub.rs`).
-    pub fn scrub_store(&self, store: &str, db: fjall::Database) -> std::io::Result<()> {
-        self.inner.scrubs.start(store, db)
+    /// Looks after `db`, an app's store on disk named `store` in reports, until shutdown: reads
+    /// every record of it in the background at `EngineConfig::store_scrub_bytes_per_s`, so that a
+    /// damaged block shows in [`Self::health`] and `/metrics` (see `scrub.rs`), and frees what it
+    /// replaces outside the lock its reads take (see `release.rs`).
+    pub fn tend_store(&self, store: &str, db: fjall::Database) -> std::io::Result<()> {
+        tend_store(&self.inner.scrubs, &self.inner.releases, store, db)
     }
 
     /// Durable records not yet applied to `app`'s projection, over all partitions; `None` without one.
@@ -1077,4 +1082,15 @@ impl EngineHandle {
             &view.positions,
         ))
     }
+}
+
+/// Starts `db`'s scrub and release threads (see [`EngineHandle::tend_store`]).
+fn tend_store(
+    scrubs: &Scrubs,
+    releases: &Releases,
+    store: &str,
+    db: fjall::Database,
+) -> std::io::Result<()> {
+    scrubs.start(store, db.clone())?;
+    releases.start(store, db)
 }

@@ -16,6 +16,7 @@ mod partition;
 mod projection;
 pub mod record;
 mod recovery;
+mod release;
 mod scrub;
 pub mod segmented;
 #[cfg(test)]

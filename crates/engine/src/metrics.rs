@@ -2,6 +2,7 @@
 //! recording costs no lock and no label lookup on the hot path.
 
 use crate::PartitionId;
+use crate::release::ReleaseMetrics;
 use crate::scrub::ScrubMetrics;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
@@ -147,6 +148,7 @@ pub(crate) struct EngineMetrics {
     disk_free_bytes: Gauge,
     rejected_disk_full: Counter,
     scrub: ScrubMetrics,
+    store_releases: ReleaseMetrics,
 }
 
 #[derive(Clone)]
@@ -191,6 +193,7 @@ impl EngineMetrics {
             disk_free_bytes: Gauge::default(),
             rejected_disk_full: Counter::default(),
             scrub: ScrubMetrics::default(),
+            store_releases: ReleaseMetrics::default(),
         };
         let r = registry.sub_registry_with_prefix("spate");
         r.register(
@@ -313,11 +316,21 @@ impl EngineMetrics {
             "1 once the scrub met a block of the store it could not read back (see /health)",
             metrics.scrub.damaged.clone(),
         );
+        r.register(
+            "store_releases",
+            "Memtables and tables a store on disk replaced, let go of by its release thread rather \
+             than under the store's version lock, which reads wait on",
+            metrics.store_releases.clone(),
+        );
         metrics
     }
 
     pub fn scrub(&self) -> ScrubMetrics {
         self.scrub.clone()
+    }
+
+    pub fn store_releases(&self) -> ReleaseMetrics {
+        self.store_releases.clone()
     }
 
     /// The disk guard's gauge of free bytes and its count of refusals.

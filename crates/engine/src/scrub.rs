@@ -7,13 +7,13 @@
 //! block and the index blocks that lead to them. A pass reads a keyspace in chunks, each from its own
 //! iterator, so that no pass holds an old version of the store (and its files) for long.
 
+use crate::store::{BackgroundThreads, StopSignal};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use std::ops::Bound;
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Bytes of keys and values one iterator reads before the scrub lets go of it and sleeps.
@@ -42,37 +42,13 @@ pub struct StoreDamage {
     pub error: String,
 }
 
-/// Set once to stop a scrub; its thread sleeps on it between chunks.
-#[derive(Default)]
-struct StopSignal {
-    stopped: Mutex<bool>,
-    wake: Condvar,
-}
-
-impl StopSignal {
-    fn stop(&self) {
-        *self.stopped.lock().expect("no thread panics holding it") = true;
-        self.wake.notify_all();
-    }
-
-    /// Sleeps for `duration` unless stopped first; true if stopped.
-    fn sleep(&self, duration: Duration) -> bool {
-        let stopped = self.stopped.lock().expect("no thread panics holding it");
-        let (stopped, _) = self
-            .wake
-            .wait_timeout_while(stopped, duration, |stopped| !*stopped)
-            .expect("no thread panics holding it");
-        *stopped
-    }
-}
-
 /// Every store's scrub thread; stops and joins them when dropped.
 pub(crate) struct Scrubs {
     bytes_per_s: u64,
     metrics: ScrubMetrics,
     /// Sticky: a block found damaged once is evidence enough, whatever a later read says.
     damage: Arc<Mutex<Vec<StoreDamage>>>,
-    running: Mutex<Vec<(Arc<StopSignal>, JoinHandle<()>)>>,
+    threads: BackgroundThreads,
 }
 
 impl Scrubs {
@@ -82,7 +58,7 @@ impl Scrubs {
             bytes_per_s,
             metrics,
             damage: Arc::default(),
-            running: Mutex::default(),
+            threads: BackgroundThreads::default(),
         }
     }
 
@@ -91,23 +67,14 @@ impl Scrubs {
         if self.bytes_per_s == 0 {
             return Ok(());
         }
-        let stop = Arc::new(StopSignal::default());
         let scrub = Scrub {
             store: store.to_owned(),
             db,
             bytes_per_s: self.bytes_per_s,
-            stop: stop.clone(),
             damage: self.damage.clone(),
             metrics: self.metrics.clone(),
         };
-        let thread = std::thread::Builder::new()
-            .name(format!("scrub-{store}"))
-            .spawn(move || scrub.run())?;
-        self.running
-            .lock()
-            .expect("no thread panics holding it")
-            .push((stop, thread));
-        Ok(())
+        (self.threads).spawn(format!("scrub-{store}"), move |stop| scrub.run(&stop))
     }
 
     pub fn damage(&self) -> Vec<StoreDamage> {
@@ -118,21 +85,7 @@ impl Scrubs {
     }
 
     pub fn stop_all(&self) {
-        let running =
-            std::mem::take(&mut *self.running.lock().expect("no thread panics holding it"));
-        for (stop, _) in &running {
-            stop.stop();
-        }
-        for (_, thread) in running {
-            // A scrub that panicked has nothing left to release.
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for Scrubs {
-    fn drop(&mut self) {
-        self.stop_all();
+        self.threads.stop_all();
     }
 }
 
@@ -140,13 +93,12 @@ struct Scrub {
     store: String,
     db: fjall::Database,
     bytes_per_s: u64,
-    stop: Arc<StopSignal>,
     damage: Arc<Mutex<Vec<StoreDamage>>>,
     metrics: ScrubMetrics,
 }
 
 impl Scrub {
-    fn run(self) {
+    fn run(self, stop: &StopSignal) {
         let label = StoreLabel {
             store: self.store.clone(),
         };
@@ -164,7 +116,7 @@ impl Scrub {
                     .and_then(|keyspace| {
                         scrub_keyspace(&keyspace, |chunk_bytes| {
                             bytes.inc_by(chunk_bytes);
-                            !self.stop.sleep(pace(chunk_bytes, self.bytes_per_s))
+                            !stop.sleep(pace(chunk_bytes, self.bytes_per_s))
                         })
                     });
                 match read {
@@ -177,10 +129,7 @@ impl Scrub {
                 }
             }
             passes.inc();
-            if self
-                .stop
-                .sleep(PASS_INTERVAL_MIN.saturating_sub(started.elapsed()))
-            {
+            if stop.sleep(PASS_INTERVAL_MIN.saturating_sub(started.elapsed())) {
                 return;
             }
         }
@@ -333,15 +282,5 @@ mod tests {
             false
         });
         assert_eq!((finished.unwrap(), chunks), (false, 1));
-    }
-
-    #[test]
-    fn a_stopped_signal_ends_a_sleep_at_once() {
-        let signal = StopSignal::default();
-        assert!(!signal.sleep(Duration::from_millis(1)));
-        signal.stop();
-        let started = Instant::now();
-        assert!(signal.sleep(Duration::from_secs(60)));
-        assert!(started.elapsed() < Duration::from_secs(10));
     }
 }

@@ -1,6 +1,10 @@
-//! What every fjall store on disk shares (the archive, and the stores apps keep their read models in).
+//! What every fjall store on disk shares (the archive, and the stores apps keep their read models in):
+//! opening one, and the background threads that look after one (`scrub.rs`, `release.rs`).
 
 use std::io;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// Opens a fjall database with `open`, turning a panic in its recovery into an error: fjall asserts
 /// on some damaged journal entries (in debug builds), and a damaged store must be refused with a
@@ -17,6 +21,74 @@ pub fn open(
             format!("recovering it panicked, so it is damaged: {message}"),
         )))
     })
+}
+
+/// Set once to stop a store's background thread; the thread sleeps on it between steps.
+#[derive(Default)]
+pub(crate) struct StopSignal {
+    stopped: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl StopSignal {
+    fn stop(&self) {
+        *self.stopped.lock().expect("no thread panics holding it") = true;
+        self.wake.notify_all();
+    }
+
+    /// Sleeps for `duration` unless stopped first; true if stopped.
+    pub fn sleep(&self, duration: Duration) -> bool {
+        let stopped = self.stopped.lock().expect("no thread panics holding it");
+        let (stopped, _) = self
+            .wake
+            .wait_timeout_while(stopped, duration, |stopped| !*stopped)
+            .expect("no thread panics holding it");
+        *stopped
+    }
+}
+
+/// Background threads that run until [`Self::stop_all`], or until dropped.
+#[derive(Default)]
+pub(crate) struct BackgroundThreads {
+    running: Mutex<Vec<(Arc<StopSignal>, JoinHandle<()>)>>,
+}
+
+impl BackgroundThreads {
+    /// Runs `body` on a thread named `name`; it must return soon after its signal stops.
+    pub fn spawn(
+        &self,
+        name: String,
+        body: impl FnOnce(Arc<StopSignal>) + Send + 'static,
+    ) -> io::Result<()> {
+        let stop = Arc::new(StopSignal::default());
+        let signal = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || body(signal))?;
+        self.running
+            .lock()
+            .expect("no thread panics holding it")
+            .push((stop, thread));
+        Ok(())
+    }
+
+    pub fn stop_all(&self) {
+        let running =
+            std::mem::take(&mut *self.running.lock().expect("no thread panics holding it"));
+        for (stop, _) in &running {
+            stop.stop();
+        }
+        for (_, thread) in running {
+            // A thread that panicked has nothing left to release.
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for BackgroundThreads {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
 }
 
 #[cfg(test)]
@@ -70,6 +142,32 @@ mod tests {
         } else {
             std::fs::copy(from, &to).unwrap();
         }
+    }
+
+    #[test]
+    fn a_stopped_signal_ends_a_sleep_at_once() {
+        use std::time::{Duration, Instant};
+        let signal = super::StopSignal::default();
+        assert!(!signal.sleep(Duration::from_millis(1)));
+        signal.stop();
+        let started = Instant::now();
+        assert!(signal.sleep(Duration::from_secs(60)));
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+
+    #[test]
+    fn stopping_the_threads_joins_them() {
+        let threads = super::BackgroundThreads::default();
+        let (ran, seen) = std::sync::mpsc::channel();
+        threads
+            .spawn("test".into(), move |stop| {
+                while !stop.sleep(std::time::Duration::from_secs(60)) {}
+                ran.send(()).unwrap();
+            })
+            .unwrap();
+        threads.stop_all();
+        seen.try_recv()
+            .expect("the thread ended before stop_all returned");
     }
 
     #[test]

@@ -164,6 +164,9 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
         );
         let damaged = format!("spate_store_damaged{{store=\"{store}\"}} 0");
         assert!(support::metrics_text(&agent, base).contains(&damaged));
+        // And each has a thread that frees what it replaces outside its version lock.
+        let releases = format!("spate_store_releases_total{{store=\"{store}\",what=\"table\"}} ");
+        assert!(support::metrics_text(&agent, base).contains(&releases));
     }
     assert!(
         server.terminate().success(),

@@ -107,8 +107,8 @@ pub fn module(config: PaymentsConfig) -> Result<AppModule, String> {
         spec,
         routes: Box::new(move |engine, _| {
             engine
-                .scrub_store(APP_NAME, store_db)
-                .map_err(|e| format!("spawning the payments store's scrub: {e}"))?;
+                .tend_store(APP_NAME, store_db)
+                .map_err(|e| format!("spawning the payments store's threads: {e}"))?;
             let settler = Arc::new(Settler::new(
                 engine.clone(),
                 keyring.clone(),

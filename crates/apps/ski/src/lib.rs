@@ -132,8 +132,8 @@ pub fn module(
         spec,
         routes: Box::new(move |engine, _| {
             engine
-                .scrub_store(APP_NAME, store.database())
-                .map_err(|e| format!("spawning the ski store's scrub: {e}"))?;
+                .tend_store(APP_NAME, store.database())
+                .map_err(|e| format!("spawning the ski store's threads: {e}"))?;
             Ok(http::routes(engine, store, config))
         }),
         access: spate_server::access::RouteAccess::default(),
