@@ -105,6 +105,8 @@ struct Held {
     memtables: Vec<Arc<dyn Any + Send + Sync>>,
     /// By table id: a `Table`, erased, and the id of the first version seen without it.
     tables: HashMap<u64, (Box<dyn Any + Send>, Option<u64>)>,
+    /// The id of the newest version whose tables are in `tables`.
+    seen_version: Option<u64>,
 }
 
 impl Held {
@@ -124,16 +126,20 @@ impl Held {
         let memtables = memtables_before - self.memtables.len();
 
         let version = tree.current_version();
-        let live: HashSet<u64> = version.iter_tables().map(|table| table.id()).collect();
-        for table in version.iter_tables() {
-            (self.tables)
-                .entry(table.id())
-                .or_insert_with(|| (Box::new(table.clone()), None));
-        }
-        for (id, (_, left_at)) in &mut self.tables {
-            if left_at.is_none() && !live.contains(id) {
-                *left_at = Some(version.id());
+        // A version's tables never change: only a new version needs looking at.
+        if self.seen_version != Some(version.id()) {
+            let live: HashSet<u64> = version.iter_tables().map(|table| table.id()).collect();
+            for table in version.iter_tables() {
+                (self.tables)
+                    .entry(table.id())
+                    .or_insert_with(|| (Box::new(table.clone()), None));
             }
+            for (id, (_, left_at)) in &mut self.tables {
+                if left_at.is_none() && !live.contains(id) {
+                    *left_at = Some(version.id());
+                }
+            }
+            self.seen_version = Some(version.id());
         }
         // Read after the version, so that a version installed in between makes `oldest_kept` too
         // low (held one tick longer), never too high.
@@ -158,6 +164,14 @@ mod tests {
         }
     }
 
+    /// A store with one keyspace, and the directory it lives in.
+    fn store() -> (tempfile::TempDir, fjall::Database, fjall::Keyspace) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = fjall::Database::builder(dir.path()).open().unwrap();
+        let keyspace = db.keyspace("p000", Default::default).unwrap();
+        (dir, db, keyspace)
+    }
+
     fn table_files(keyspace: &fjall::Keyspace) -> usize {
         std::fs::read_dir(keyspace.path().join("tables"))
             .unwrap()
@@ -166,9 +180,7 @@ mod tests {
 
     #[test]
     fn flushed_memtables_and_compacted_tables_are_freed_by_the_holder_not_the_store() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = fjall::Database::builder(dir.path()).open().unwrap();
-        let keyspace = db.keyspace("p000", Default::default).unwrap();
+        let (_dir, _db, keyspace) = store();
         let mut held = Held::default();
         let mut released = (0, 0);
         for round in 0..3 {
@@ -216,9 +228,7 @@ mod tests {
 
     #[test]
     fn tables_an_older_version_still_holds_are_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = fjall::Database::builder(dir.path()).open().unwrap();
-        let keyspace = db.keyspace("p000", Default::default).unwrap();
+        let (_dir, db, keyspace) = store();
         let mut held = Held::default();
         for round in 0..2 {
             fill(&keyspace, round * 5_000);
@@ -247,9 +257,7 @@ mod tests {
 
     #[test]
     fn a_release_thread_counts_what_it_let_go_of() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = fjall::Database::builder(dir.path()).open().unwrap();
-        let keyspace = db.keyspace("p000", Default::default).unwrap();
+        let (_dir, db, keyspace) = store();
         let metrics = ReleaseMetrics::default();
         let releases = Releases::new(metrics.clone());
         releases.start("archive", db.clone()).unwrap();
