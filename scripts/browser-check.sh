@@ -6,6 +6,12 @@
 #   APP: the apps under load, whose throughput must show on the page.
 set -euo pipefail
 PLAYWRIGHT_CORE_VERSION=1.64.1
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/spate
+mkdir -p "$cache"
+# Tests run side by side, and apt-get and npm refuse (or break) a second install at once: one installs
+# while the others wait, then finds everything there.
+exec 9>"$cache/browser-install.lock"
+flock 9
 if [[ ! -x /usr/bin/chromium ]]; then
 	if [[ $(id -u) != 0 ]]; then
 		echo "browser-check.sh: Debian's chromium is missing, and installing it needs root (CI runs as root)" >&2
@@ -15,10 +21,11 @@ if [[ ! -x /usr/bin/chromium ]]; then
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
-modules=${SPATE_PLAYWRIGHT_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/spate/playwright-core-$PLAYWRIGHT_CORE_VERSION}
+modules=${SPATE_PLAYWRIGHT_DIR:-$cache/playwright-core-$PLAYWRIGHT_CORE_VERSION}
 if [[ ! -f $modules/node_modules/playwright-core/package.json ]]; then
 	echo "browser-check.sh: installing playwright-core $PLAYWRIGHT_CORE_VERSION into $modules" >&2
 	mkdir -p "$modules"
 	npm install --silent --no-audit --no-fund --prefix "$modules" "playwright-core@$PLAYWRIGHT_CORE_VERSION" >&2
 fi
+exec 9>&-
 SPATE_PLAYWRIGHT_DIR=$modules exec node "$(dirname "$0")/dashboard-check.mjs" "$@"
