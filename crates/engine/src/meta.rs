@@ -12,6 +12,10 @@
 //! version, naming both, rather than misread it (snapshots and checkpoints also carry a version of their
 //! container, see `snapshot.rs`). A directory from before versions were recorded is version 1.
 //!
+//! Versions:
+//! 1. everything written until 2026-11-26;
+//! 2. fraud generates a history in parts (a command an older binary cannot decode).
+//!
 //! Nothing is written unless the start goes on.
 
 use crate::StartError;
@@ -21,7 +25,7 @@ use std::path::Path;
 const META_FILE: &str = "spate.meta";
 
 /// The format version of the data this binary writes, and the newest it reads.
-pub const DATA_FORMAT_VERSION: u32 = 1;
+pub const DATA_FORMAT_VERSION: u32 = 2;
 
 /// What `spate.meta` records.
 #[derive(Debug, PartialEq, Eq)]
@@ -192,7 +196,7 @@ mod tests {
         check(dir.path(), 3, true).unwrap();
         assert_eq!(
             meta(dir.path()).as_deref(),
-            Some("partitions = 3\nformat_version = 1\n")
+            Some(format!("partitions = 3\nformat_version = {DATA_FORMAT_VERSION}\n").as_str())
         );
         check(dir.path(), 3, true).unwrap();
         assert!(check(dir.path(), 2, true).is_err());
@@ -210,7 +214,7 @@ mod tests {
         check(dir.path(), 2, true).unwrap();
         assert_eq!(
             meta(dir.path()).as_deref(),
-            Some("partitions = 2\nformat_version = 1\n")
+            Some(format!("partitions = 2\nformat_version = {DATA_FORMAT_VERSION}\n").as_str())
         );
     }
 
@@ -240,14 +244,16 @@ mod tests {
         std::fs::write(dir.path().join(META_FILE), newer).unwrap();
         let error = check(dir.path(), 2, true).unwrap_err().to_string();
         assert!(error.contains("format version 7"), "{error}");
-        assert!(error.contains("reads format versions 1 to 1"), "{error}");
+        let readable = format!("reads format versions 1 to {DATA_FORMAT_VERSION}");
+        assert!(error.contains(&readable), "{error}");
         assert_eq!(meta(dir.path()).as_deref(), Some(newer), "left as it was");
-        // Written before versions were recorded: version 1, and the version is added.
+        // Written before versions were recorded: version 1, read, and recorded as this binary's, since
+        // it may now write what an older binary cannot read.
         std::fs::write(dir.path().join(META_FILE), "partitions = 2\n").unwrap();
         check(dir.path(), 2, true).unwrap();
         assert_eq!(
             meta(dir.path()).as_deref(),
-            Some("partitions = 2\nformat_version = 1\n")
+            Some(format!("partitions = 2\nformat_version = {DATA_FORMAT_VERSION}\n").as_str())
         );
     }
 

@@ -7,6 +7,7 @@ mod support;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use spate_engine::DATA_FORMAT_VERSION;
 use std::time::Duration;
 use support::Server;
 use support::tally::{Load, check_exactly_once};
@@ -40,7 +41,7 @@ fn a_data_directory_without_its_meta_file_keeps_its_partition_count() {
     let server = Server::start(dir.path(), &args, None);
     assert_eq!(
         std::fs::read_to_string(&meta).unwrap(),
-        "partitions = 3\nformat_version = 1\n"
+        format!("partitions = 3\nformat_version = {DATA_FORMAT_VERSION}\n")
     );
     check_exactly_once(&server.base, &acked, "after spate.meta was written again");
 }
@@ -117,16 +118,19 @@ fn data_of_a_newer_format_is_refused_and_left_as_it_is() {
         std::fs::write(path, bytes).unwrap();
     };
     let meta_text = std::fs::read_to_string(&meta).unwrap();
-    assert!(meta_text.contains("format_version = 1"), "{meta_text}");
+    let this_version = format!("format_version = {DATA_FORMAT_VERSION}");
+    assert!(meta_text.contains(&this_version), "{meta_text}");
+    let newer_version = DATA_FORMAT_VERSION + 1;
     std::fs::write(
         &meta,
-        meta_text.replace("format_version = 1", "format_version = 2"),
+        meta_text.replace(&this_version, &format!("format_version = {newer_version}")),
     )
     .unwrap();
     let (status, log) = support::refused_start_up(dir.path(), "tally", &args);
     assert!(!status.success(), "{log}");
     assert!(
-        log.contains("format version 2") && log.contains("1 to 1"),
+        log.contains(&format!("format version {newer_version}"))
+            && log.contains(&format!("1 to {DATA_FORMAT_VERSION}")),
         "{log}"
     );
     std::fs::write(&meta, &meta_text).unwrap();

@@ -1,6 +1,6 @@
 //! fraud's commands and replies, and their binary encoding inside the (encrypted) journal payload.
 
-use crate::generator::Seeds;
+use crate::generator::{HISTORY_NOW_MS_MAX, HISTORY_WINDOW_MS, HistoryCursor, Seeds};
 use crate::record::{Digits, Txn};
 use spate_engine::wire::{Put, Reader, WireError};
 
@@ -13,23 +13,51 @@ pub enum Command {
     Score { want_verdicts: bool, txns: Vec<Txn> },
     /// Store history as given, unscored.
     Import { txns: Vec<Txn> },
-    /// Generate the case study's history in place, keeping the cards this partition owns.
+    /// Generate a part of the case study's history in place, keeping the cards this partition owns.
     Generate(GenerateHistory),
 }
 
+/// Cards `from.card..cards_end` of a history of `cards_total` cards x `len` records: a part small
+/// enough that the partition goes on with other commands between parts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GenerateHistory {
-    pub seeds: Seeds,
-    pub cards: u32,
+    pub from: HistoryCursor,
+    pub cards_end: u32,
+    pub cards_total: u32,
     pub len: u32,
     pub now_ms: u64,
     pub partition: u16,
     pub partitions: u16,
 }
 
+impl GenerateHistory {
+    /// The largest history a command may describe, in cards and in records per card.
+    pub const CARDS_MAX: u32 = i32::MAX as u32;
+    pub const LEN_MAX: u32 = 1000;
+
+    fn validate(self, reader: &Reader<'_>) -> Result<Self, WireError> {
+        let ordered = self.from.card <= self.cards_end
+            && self.cards_end <= self.cards_total
+            && self.cards_total <= Self::CARDS_MAX;
+        let streams_fit = self.from.streams.iter().all(|state| *state < 1 << 48);
+        if !ordered
+            || !streams_fit
+            || self.len > Self::LEN_MAX
+            || self.now_ms <= HISTORY_WINDOW_MS
+            || self.now_ms > HISTORY_NOW_MS_MAX
+            || self.partition >= self.partitions
+        {
+            return Err(reader.invalid("history to generate out of range"));
+        }
+        Ok(self)
+    }
+}
+
 const SCORE: u8 = 1;
 const IMPORT: u8 = 2;
-const GENERATE: u8 = 3;
+/// A whole history from its seeds, as data format version 1 wrote it; still read.
+const GENERATE_WHOLE: u8 = 3;
+const GENERATE_PART: u8 = 4;
 
 fn put_digits(out: &mut Vec<u8>, digits: Digits) {
     out.put_u64(digits.value);
@@ -106,20 +134,13 @@ impl Command {
                 put_txns(&mut out, txns);
             }
             Self::Generate(g) => {
-                out.put_u8(GENERATE);
-                let s = &g.seeds;
-                for seed in [
-                    s.country,
-                    s.merchant,
-                    s.city,
-                    s.amount,
-                    s.response,
-                    s.card,
-                    s.timestamp,
-                ] {
-                    out.put_u64(seed as u64);
+                out.put_u8(GENERATE_PART);
+                out.put_u32(g.from.card);
+                for state in g.from.streams {
+                    out.put_u64(state);
                 }
-                out.put_u32(g.cards);
+                out.put_u32(g.cards_end);
+                out.put_u32(g.cards_total);
                 out.put_u32(g.len);
                 out.put_u64(g.now_ms);
                 out.put_u16(g.partition);
@@ -139,7 +160,7 @@ impl Command {
             IMPORT => Self::Import {
                 txns: read_txns(&mut reader)?,
             },
-            GENERATE => {
+            GENERATE_WHOLE => {
                 let mut seed = || reader.u64().map(|v| v as i64);
                 let seeds = Seeds {
                     country: seed()?,
@@ -150,14 +171,34 @@ impl Command {
                     card: seed()?,
                     timestamp: seed()?,
                 };
-                Self::Generate(GenerateHistory {
-                    seeds,
-                    cards: reader.u32()?,
+                let cards = reader.u32()?;
+                let whole = GenerateHistory {
+                    from: HistoryCursor::start(&seeds),
+                    cards_end: cards,
+                    cards_total: cards,
                     len: reader.u32()?,
                     now_ms: reader.u64()?,
                     partition: reader.u16()?,
                     partitions: reader.u16()?,
-                })
+                };
+                Self::Generate(whole.validate(&reader)?)
+            }
+            GENERATE_PART => {
+                let card = reader.u32()?;
+                let mut streams = [0; 6];
+                for state in &mut streams {
+                    *state = reader.u64()?;
+                }
+                let part = GenerateHistory {
+                    from: HistoryCursor { card, streams },
+                    cards_end: reader.u32()?,
+                    cards_total: reader.u32()?,
+                    len: reader.u32()?,
+                    now_ms: reader.u64()?,
+                    partition: reader.u16()?,
+                    partitions: reader.u16()?,
+                };
+                Self::Generate(part.validate(&reader)?)
             }
             _ => return Err(reader.invalid("unknown fraud command")),
         };
@@ -234,8 +275,12 @@ mod tests {
             },
             Command::Import { txns },
             Command::Generate(GenerateHistory {
-                seeds: Seeds::default(),
-                cards: 7,
+                from: HistoryCursor {
+                    card: 3,
+                    streams: [1, 2, 3, 4, 5, (1 << 48) - 1],
+                },
+                cards_end: 5,
+                cards_total: 7,
                 len: 20,
                 now_ms: 1_800_000_000_000,
                 partition: 1,
@@ -254,5 +299,76 @@ mod tests {
         };
         assert_eq!(BatchReply::decode(&reply.encode()).unwrap(), reply);
         assert!(Command::decode(&[9]).is_err());
+    }
+
+    /// A whole history as a journal of data format version 1 holds it: the seeds, then cards, length,
+    /// end, partition and partitions.
+    fn whole_history_command(cards: u32, len: u32, partition: u16, partitions: u16) -> Vec<u8> {
+        let mut bytes = vec![GENERATE_WHOLE];
+        for seed in [1_u64, 1, 1, 100, 10, 1, 7] {
+            bytes.put_u64(seed);
+        }
+        bytes.put_u32(cards);
+        bytes.put_u32(len);
+        bytes.put_u64(1_800_000_000_000);
+        bytes.put_u16(partition);
+        bytes.put_u16(partitions);
+        bytes
+    }
+
+    #[test]
+    fn a_whole_history_of_the_first_format_reads_as_one_part_from_the_start() {
+        let Command::Generate(whole) =
+            Command::decode(&whole_history_command(9, 20, 0, 2)).unwrap()
+        else {
+            panic!("a generation");
+        };
+        assert_eq!(whole.from, HistoryCursor::start(&Seeds::default()));
+        assert_eq!((whole.cards_end, whole.cards_total, whole.len), (9, 9, 20));
+        assert_eq!((whole.partition, whole.partitions), (0, 2));
+    }
+
+    #[test]
+    fn a_history_out_of_range_is_refused() {
+        for (cards, len, partition, partitions) in [
+            (u32::MAX, 20, 0, 1),
+            (10, GenerateHistory::LEN_MAX + 1, 0, 1),
+            (10, 20, 2, 2),
+            (10, 20, 0, 0),
+        ] {
+            let bytes = whole_history_command(cards, len, partition, partitions);
+            assert!(
+                Command::decode(&bytes).is_err(),
+                "{cards} {len} {partition}/{partitions}"
+            );
+        }
+        let part = |card, cards_end, cards_total, state| {
+            Command::Generate(GenerateHistory {
+                from: HistoryCursor {
+                    card,
+                    streams: [state; 6],
+                },
+                cards_end,
+                cards_total,
+                len: 20,
+                now_ms: 1_800_000_000_000,
+                partition: 0,
+                partitions: 1,
+            })
+            .encode()
+        };
+        assert!(Command::decode(&part(2, 5, 9, 0)).is_ok());
+        assert!(
+            Command::decode(&part(6, 5, 9, 0)).is_err(),
+            "starts after its end"
+        );
+        assert!(
+            Command::decode(&part(2, 10, 9, 0)).is_err(),
+            "ends after the history"
+        );
+        assert!(
+            Command::decode(&part(2, 5, 9, 1 << 48)).is_err(),
+            "a state over 48 bits"
+        );
     }
 }

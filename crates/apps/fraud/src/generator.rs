@@ -67,6 +67,29 @@ impl FieldStreams {
         }
     }
 
+    /// The streams in the order of [`HistoryCursor::streams`], with the timestamps' stream last.
+    fn states(&self, timestamps: &JavaRandom) -> [u64; 6] {
+        [
+            self.country.state(),
+            self.merchant.state(),
+            self.city.state(),
+            self.amount.state(),
+            self.response.state(),
+            timestamps.state(),
+        ]
+    }
+
+    /// Draws what [`FieldStreams::draw`] draws for `code`, without building the record.
+    fn skip(&mut self, code: u32) {
+        self.country.skip_bounded(200);
+        if code.is_multiple_of(95) {
+            self.response.skip_bounded(20);
+        }
+        self.amount.skip_bounded(50_000);
+        self.merchant.skip_bounded(500);
+        self.city.skip_bounded(10_000);
+    }
+
     fn draw(&mut self, card: u32, code: u32, timestamp_ms: u64) -> Txn {
         let country = self.country.next_int_bounded(200) as u16;
         let response = if code.is_multiple_of(95) {
@@ -91,12 +114,35 @@ impl FieldStreams {
     }
 }
 
-/// The history: `cards` x `len` records, timestamps in the 90 days before `now_ms`.
+/// Where a history's generation stands at the start of a card: the state of every stream. A history is
+/// one sequence of draws (a bounded draw may draw again, so the count per card varies), so a part of it
+/// can only start where the cards before it left the streams; [`HistoryGenerator::skip_to`] finds that
+/// without building their records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryCursor {
+    /// The next card to generate.
+    pub card: u32,
+    /// Country, merchant, city, amount, response and timestamp streams, 48 bits each.
+    pub streams: [u64; 6],
+}
+
+impl HistoryCursor {
+    /// The start of the history that `seeds` draw.
+    pub fn start(seeds: &Seeds) -> Self {
+        Self {
+            card: 0,
+            streams: FieldStreams::new(seeds).states(&JavaRandom::new(seeds.timestamp)),
+        }
+    }
+}
+
+/// The history: `cards` x `len` records, timestamps in the 90 days before `now_ms`; or the part of it
+/// from a [`HistoryCursor`] to a card.
 #[derive(Debug, Clone)]
 pub struct HistoryGenerator {
     streams: FieldStreams,
     timestamps: JavaRandom,
-    cards: u32,
+    cards_end: u32,
     len: u32,
     now_ms: u64,
     card: u32,
@@ -105,23 +151,56 @@ pub struct HistoryGenerator {
 
 impl HistoryGenerator {
     pub fn new(seeds: &Seeds, cards: u32, len: u32, now_ms: u64) -> Self {
+        Self::resume(&HistoryCursor::start(seeds), cards, len, now_ms)
+            .expect("a start cursor's states are 48 bits")
+    }
+
+    /// The records of cards `cursor.card..cards_end`, as [`HistoryGenerator::new`] would draw them;
+    /// `None` when a stream's state is over 48 bits.
+    pub fn resume(cursor: &HistoryCursor, cards_end: u32, len: u32, now_ms: u64) -> Option<Self> {
         assert!(
             now_ms > HISTORY_WINDOW_MS,
             "now must be after 90 days past the epoch"
         );
-        Self {
-            streams: FieldStreams::new(seeds),
-            timestamps: JavaRandom::new(seeds.timestamp),
-            cards,
+        let [country, merchant, city, amount, response, timestamps] =
+            cursor.streams.map(JavaRandom::from_state);
+        Some(Self {
+            streams: FieldStreams {
+                country: country?,
+                merchant: merchant?,
+                city: city?,
+                amount: amount?,
+                response: response?,
+            },
+            timestamps: timestamps?,
+            cards_end,
             len,
             now_ms,
-            card: 0,
+            card: cursor.card,
             index: 0,
+        })
+    }
+
+    /// Where the generation stands; only between cards.
+    pub fn cursor(&self) -> HistoryCursor {
+        assert_eq!(self.index, 0, "a cursor starts at a card");
+        HistoryCursor {
+            card: self.card,
+            streams: self.streams.states(&self.timestamps),
         }
     }
 
-    pub fn records_total(&self) -> u64 {
-        u64::from(self.cards) * u64::from(self.len)
+    /// Moves on to card `card` (at most the end) without building the records before it.
+    pub fn skip_to(&mut self, card: u32) {
+        assert_eq!(self.index, 0, "skipping starts at a card");
+        let card = card.min(self.cards_end);
+        while self.card < card {
+            for code in 0..self.len {
+                self.timestamps.next_long();
+                self.streams.skip(code);
+            }
+            self.card += 1;
+        }
     }
 }
 
@@ -129,7 +208,7 @@ impl Iterator for HistoryGenerator {
     type Item = Txn;
 
     fn next(&mut self) -> Option<Txn> {
-        if self.card >= self.cards || self.len == 0 {
+        if self.card >= self.cards_end || self.len == 0 {
             return None;
         }
         let offset_ms = (self.timestamps.next_long() as u64) % (HISTORY_WINDOW_MS - 1);
@@ -235,5 +314,35 @@ mod tests {
         assert_eq!(history[1].response, 0);
         let again: Vec<Txn> = HistoryGenerator::new(&Seeds::default(), 3, 20, now_ms).collect();
         assert_eq!(history, again);
+    }
+
+    #[test]
+    fn a_history_resumed_from_a_cursor_goes_on_as_the_whole_one() {
+        let now_ms = 1_800_000_000_000;
+        let seeds = Seeds {
+            amount: 3,
+            ..Seeds::default()
+        };
+        // 96 records a card: codes 0 and 95 draw the response stream.
+        let whole: Vec<Txn> = HistoryGenerator::new(&seeds, 40, 96, now_ms).collect();
+        let mut walker = HistoryGenerator::new(&seeds, 40, 96, now_ms);
+        let mut parts = Vec::new();
+        for end in [1, 7, 7, 30, 40] {
+            let cursor = walker.cursor();
+            parts.extend(HistoryGenerator::resume(&cursor, end, 96, now_ms).unwrap());
+            walker.skip_to(end);
+            assert_eq!(walker.cursor().card, end);
+        }
+        walker.skip_to(45);
+        assert_eq!(
+            walker.cursor().card,
+            40,
+            "skipping stops at the history's end"
+        );
+        assert_eq!(parts.len(), whole.len());
+        assert!(parts == whole, "the parts are the whole history, in order");
+        let mut over = HistoryCursor::start(&seeds);
+        over.streams[4] = 1 << 48;
+        assert!(HistoryGenerator::resume(&over, 1, 20, now_ms).is_none());
     }
 }

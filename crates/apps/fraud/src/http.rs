@@ -12,7 +12,8 @@
 
 use crate::command::{Command, GenerateHistory};
 use crate::generator::{
-    CASE_STUDY_HISTORY_LEN, HISTORY_NOW_MS_MAX, HISTORY_WINDOW_MS, Seeds, TIMESTAMP_MS_MAX,
+    CASE_STUDY_HISTORY_LEN, HISTORY_NOW_MS_MAX, HISTORY_WINDOW_MS, HistoryGenerator, Seeds,
+    TIMESTAMP_MS_MAX,
 };
 use crate::history::UNSCORED;
 use crate::ingest::{BatchKind, Ingest, IngestError};
@@ -556,8 +557,9 @@ struct GenerateAnswer {
 /// Generates the case study's card history in place on every partition: its transactions are added to
 /// the cards' histories, unscored.
 ///
-/// An operator's route (`admin` under `--auth`): it takes memory and partition time in proportion to
-/// the history, about 80 s and 17 GB for 30 M cards x 20.
+/// An operator's route (`admin` under `--auth`): it takes memory and time in proportion to the
+/// history, about 80 s and 17 GB for 30 M cards x 20. It is generated in parts of 100,000 records, and
+/// the partitions apply other commands between them.
 #[utoipa::path(
     post,
     path = GENERATE_ROUTE,
@@ -577,7 +579,10 @@ async fn generate(
     ApiJson(JsonObject(body)): ApiJson<JsonObject<GenerateBody>>,
 ) -> Result<Response, ApiError> {
     let length = body.length.unwrap_or(CASE_STUDY_HISTORY_LEN);
-    if body.cards == 0 || body.cards > i32::MAX as u32 || length > 1000 {
+    if body.cards == 0
+        || body.cards > GenerateHistory::CARDS_MAX
+        || length > GenerateHistory::LEN_MAX
+    {
         return Err(ApiError::bad_request(
             "cards must be 1..=2147483647 and length 0..=1000",
         ));
@@ -620,45 +625,116 @@ async fn generate(
         )));
     }
     let request_id = command_id(&headers, APP_NAME)?;
-    let engine = context.ingest.engine();
-    let partitions = engine.partition_count();
-    let mut pending = Vec::new();
-    for partition in 0..partitions {
-        let plan = GenerateHistory {
-            seeds: body.seeds.seeds(),
-            cards: body.cards,
-            len: length,
-            now_ms,
-            partition,
-            partitions,
-        };
-        let payload = context.ingest.seal(&Command::Generate(plan).encode());
-        let id = request_id.map(|id| id ^ u128::from(partition));
-        pending.push(
-            engine
-                .enqueue(partition, APP_ID, id, payload)
-                .map_err(|r| ApiError::from(r.error))?,
-        );
-    }
     let started = std::time::Instant::now();
-    let mut stored = 0u64;
-    for part in pending {
-        let reply = spate_server::api::reply_bytes(part.reply().await?)?;
-        let reply = crate::command::BatchReply::decode(&reply).map_err(|e| {
+    let plan = HistoryPlan {
+        seeds: body.seeds.seeds(),
+        cards: body.cards,
+        len: length,
+        now_ms,
+    };
+    // On a task of its own, so that a client that goes away does not leave half a history.
+    let stored = tokio::spawn(generate_in_parts(context.ingest.clone(), plan, request_id))
+        .await
+        .map_err(|e| {
             ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "bad_reply",
+                "generation_failed",
                 e.to_string(),
             )
-        })?;
-        stored += u64::from(reply.stored);
-    }
+        })??;
     let answer = GenerateAnswer {
         stored,
         now_ms,
         elapsed_ms: started.elapsed().as_millis() as u64,
     };
     Ok(json_response(StatusCode::OK, &answer))
+}
+
+/// A whole history to generate, as a request asked for it.
+struct HistoryPlan {
+    seeds: Seeds,
+    cards: u32,
+    len: u32,
+    now_ms: u64,
+}
+
+/// Records a part of a generated history draws. Every partition draws them all and keeps its own, so
+/// a part holds a partition for about as long as drawing them takes: short enough that other apps'
+/// commands on it wait little (the part's time is in BENCHMARKS.md).
+const GENERATED_RECORDS_PER_PART: u64 = 100_000;
+/// Parts queued on each partition besides the one it applies, so that it never waits for the next
+/// while this task finds it; a command behind them waits for about this many parts more.
+const GENERATED_PARTS_AHEAD: usize = 1;
+
+/// Generates `plan`'s history as parts of whole cards, in order, each sent to every partition with the
+/// streams' state at its first card (found here by drawing without building records), with at most
+/// [`GENERATED_PARTS_AHEAD`] parts queued on each partition. Returns the transactions stored.
+async fn generate_in_parts(
+    ingest: Ingest,
+    plan: HistoryPlan,
+    request_id: Option<u128>,
+) -> Result<u64, ApiError> {
+    let partitions = ingest.engine().partition_count();
+    // A history of empty cards draws nothing: one part.
+    let cards_per_part = GENERATED_RECORDS_PER_PART
+        .checked_div(u64::from(plan.len))
+        .map_or(plan.cards, |cards| {
+            cards.clamp(1, u64::from(u32::MAX)) as u32
+        });
+    let mut walker = HistoryGenerator::new(&plan.seeds, plan.cards, plan.len, plan.now_ms);
+    let mut queued = std::collections::VecDeque::new();
+    let mut stored = 0u64;
+    let mut part = 0u32;
+    loop {
+        let from = walker.cursor();
+        if from.card == plan.cards {
+            break;
+        }
+        let cards_end = from.card.saturating_add(cards_per_part).min(plan.cards);
+        for partition in 0..partitions {
+            let command = Command::Generate(GenerateHistory {
+                from,
+                cards_end,
+                cards_total: plan.cards,
+                len: plan.len,
+                now_ms: plan.now_ms,
+                partition,
+                partitions,
+            });
+            let command_id =
+                request_id.map(|id| crate::ingest::generation_part_id(id, part, partition));
+            let payload = ingest.seal(&command.encode());
+            queued.push_back(
+                ingest
+                    .enqueue_sealed(partition, command_id, payload, None)
+                    .await?,
+            );
+        }
+        while queued.len() > GENERATED_PARTS_AHEAD * usize::from(partitions) {
+            stored += stored_by(queued.pop_front().expect("more than none queued")).await?;
+        }
+        // Drawing without building records: about 0.2 ms a part, short enough for this runtime's
+        // thread (a blocking task's hand-offs cost more, measured, on two busy cores).
+        walker.skip_to(cards_end);
+        part += 1;
+    }
+    for pending in queued {
+        stored += stored_by(pending).await?;
+    }
+    Ok(stored)
+}
+
+/// The transactions a part of a generated history stored.
+async fn stored_by(pending: spate_engine::Pending) -> Result<u64, ApiError> {
+    let reply = spate_server::api::reply_bytes(pending.reply().await?)?;
+    let reply = crate::command::BatchReply::decode(&reply).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "bad_reply",
+            e.to_string(),
+        )
+    })?;
+    Ok(u64::from(reply.stored))
 }
 
 #[cfg(test)]

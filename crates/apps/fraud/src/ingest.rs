@@ -183,24 +183,12 @@ impl Ingest {
                 },
                 BatchKind::Import => Command::Import { txns: part },
             };
-            let mut payload = self.cipher.seal(&command.encode());
+            let payload = self.cipher.seal(&command.encode());
             let command_id = batch_id.map(|id| part_id(id, partition));
-            loop {
-                match self.engine.enqueue(partition, APP_ID, command_id, payload) {
-                    Ok(pending) => {
-                        parts.push((indices, pending));
-                        break;
-                    }
-                    Err(refused)
-                        if refused.error == EngineError::Overloaded
-                            && deadline.is_none_or(|d| Instant::now() < d) =>
-                    {
-                        payload = refused.payload;
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                    }
-                    Err(refused) => return Err(refused.error),
-                }
-            }
+            let pending = self
+                .enqueue_sealed(partition, command_id, payload, deadline)
+                .await?;
+            parts.push((indices, pending));
         }
         Ok(QueuedBatch {
             parts,
@@ -215,6 +203,41 @@ impl Ingest {
             metrics: self.metrics.clone(),
         })
     }
+
+    /// Queues one sealed command on `partition`, waiting out a full queue until `deadline` (`None`: as
+    /// long as it takes), then refusing with [`EngineError::Overloaded`].
+    pub async fn enqueue_sealed(
+        &self,
+        partition: PartitionId,
+        command_id: Option<u128>,
+        mut payload: Vec<u8>,
+        deadline: Option<Instant>,
+    ) -> Result<Pending, EngineError> {
+        loop {
+            match self.engine.enqueue(partition, APP_ID, command_id, payload) {
+                Ok(pending) => return Ok(pending),
+                Err(refused)
+                    if refused.error == EngineError::Overloaded
+                        && deadline.is_none_or(|d| Instant::now() < d) =>
+                {
+                    payload = refused.payload;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err(refused) => return Err(refused.error),
+            }
+        }
+    }
+}
+
+/// The command id of part `part` of a generated history on `partition`.
+pub fn generation_part_id(request_id: u128, part: u32, partition: PartitionId) -> u128 {
+    let mut key = [0u8; 24];
+    key[0] = APP_ID;
+    key[1] = b'g';
+    key[2..18].copy_from_slice(&request_id.to_le_bytes());
+    key[18..22].copy_from_slice(&part.to_le_bytes());
+    key[22..].copy_from_slice(&partition.to_le_bytes());
+    xxhash_rust::xxh3::xxh3_128(&key)
 }
 
 /// The command id of one partition's part of a batch.

@@ -217,9 +217,12 @@ impl FraudState {
     }
 
     fn generate(&mut self, plan: &GenerateHistory) -> BatchReply {
-        let generator = HistoryGenerator::new(&plan.seeds, plan.cards, plan.len, plan.now_ms);
-        self.store
-            .reserve_cards(plan.cards as usize / usize::from(plan.partitions.max(1)));
+        let generator = HistoryGenerator::resume(&plan.from, plan.cards_end, plan.len, plan.now_ms)
+            .expect("decoding checked the streams' states");
+        if plan.from.card == 0 {
+            self.store
+                .reserve_cards(plan.cards_total as usize / usize::from(plan.partitions));
+        }
         let mut stored = 0u64;
         for txn in generator {
             if spate_engine::partition_of(&card_key(txn.card), plan.partitions) == plan.partition {
