@@ -105,7 +105,8 @@ fn assert_no_schema_named_twice(document: &OpenApi, part: &OpenApi) {
 }
 
 /// Adds to `operation` each error the server may answer on any route that it does not describe
-/// itself.
+/// itself. (415 is not one: only the routes that read their body with `ApiJson` answer it, and they
+/// describe it.)
 fn add_common_errors(operation: &mut Operation, message_only: bool, needs_key: bool) {
     let mut errors = vec![
         (
@@ -133,10 +134,6 @@ fn add_common_errors(operation: &mut Operation, message_only: bool, needs_key: b
             (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "The body is over the size limit.",
-            ),
-            (
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "The body is not `application/json`.",
             ),
             (
                 StatusCode::UNPROCESSABLE_ENTITY,

@@ -84,6 +84,45 @@ fn the_description_names_every_route_and_no_other() {
     }
 }
 
+/// A body sent as `text/plain` is refused with 415 by the routes that read JSON only, and by no other
+/// (ledger, payments, leaderboard and ski read any content type): the description says which.
+#[test]
+fn a_body_not_sent_as_json_is_refused_with_415_exactly_where_described() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_every_app(dir.path(), &[]);
+    let agent = agent();
+    let (_, document) = get(&agent, &format!("{}/openapi.json", server.base));
+    let mut refused = Vec::new();
+    for &(method, path, _, _) in ENDPOINTS {
+        let (template, operation) = (document["paths"].as_object().unwrap().iter())
+            .filter(|(template, _)| matches(template, path))
+            .min_by_key(|(template, _)| template.matches('{').count())
+            .map(|(template, item)| (template, &item[method.to_lowercase()]))
+            .expect("every endpoint is described");
+        if operation["requestBody"].is_null() {
+            continue;
+        }
+        let request = ureq::http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", server.base))
+            .header("content-type", "text/plain")
+            .body(b"{}".to_vec())
+            .unwrap();
+        let status = agent.run(request).unwrap().status().as_u16();
+        let described = !operation["responses"]["415"].is_null();
+        assert!(status < 500, "{method} {path}: {status}");
+        assert_eq!(
+            status == 415,
+            described,
+            "{method} {path} ({template}) answered {status}; 415 described: {described}"
+        );
+        if described {
+            refused.push(path);
+        }
+    }
+    assert_eq!(refused.len(), 4, "tally's and fraud's bodies: {refused:?}");
+}
+
 /// Examples per operation: `SPATE_SCHEMATHESIS_EXAMPLES`, else `default`.
 fn examples(default: u32) -> String {
     std::env::var("SPATE_SCHEMATHESIS_EXAMPLES").unwrap_or_else(|_| default.to_string())

@@ -269,6 +269,7 @@ struct Verdict {
     responses(
         (status = 200, description = "Durable; the verdicts.", body = ScoreAnswer),
         (status = 400, description = "`bad_request`: a transaction is not as described; the message names it and its field.", body = spate_server::api::ErrorBody),
+        (status = 415, description = "The body's `Content-Type` is not `application/json`.", body = spate_server::api::ErrorBody),
     ),
 )]
 async fn score(
@@ -571,6 +572,7 @@ struct GenerateAnswer {
         (status = 200, description = "The history is stored.", body = GenerateAnswer),
         (status = 400, description = "`bad_request`: a value is out of its range, or `cards` x `length` is over 10,000,000,000.", body = spate_server::api::ErrorBody),
         (status = 413, description = "`not_enough_memory`: the history would take more than 80% of the memory available; or the body is over the size limit.", body = spate_server::api::ErrorBody),
+        (status = 415, description = "The body's `Content-Type` is not `application/json`.", body = spate_server::api::ErrorBody),
     ),
 )]
 async fn generate(

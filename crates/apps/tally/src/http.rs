@@ -167,7 +167,10 @@ async fn submit(
     tag = TAG,
     params(("name" = String, Path, description = "1 to 64 characters of A-Z, a-z, 0-9, '-', '_' or '.'"), IdempotencyKey),
     request_body = EntryBody,
-    responses((status = 201, description = "Durable; the account's balance after it.", body = BalanceAnswer)),
+    responses(
+        (status = 201, description = "Durable; the account's balance after it.", body = BalanceAnswer),
+        (status = 415, description = "The body's `Content-Type` is not `application/json`.", body = spate_server::api::ErrorBody),
+    ),
 )]
 async fn add_entry(
     State(tally): State<Tally>,
@@ -194,6 +197,7 @@ async fn add_entry(
     responses(
         (status = 201, description = "Durable; the payer's balance after it.", body = BalanceAnswer),
         (status = 409, description = "`insufficient_funds`: the payer's balance is below the amount.", body = spate_server::api::ErrorBody),
+        (status = 415, description = "The body's `Content-Type` is not `application/json`.", body = spate_server::api::ErrorBody),
     ),
 )]
 async fn transfer(
