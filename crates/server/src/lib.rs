@@ -172,7 +172,11 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     let router = router
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX))
-        .layer(edge::EdgeLayer::new(http_metrics, message_only_error_paths));
+        .layer(edge::EdgeLayer::new(
+            http_metrics,
+            config.connections.header_bytes_max,
+            message_only_error_paths,
+        ));
 
     let listener =
         listen(config.listen).map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;

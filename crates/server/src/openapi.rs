@@ -114,6 +114,10 @@ fn add_common_errors(operation: &mut Operation, message_only: bool, needs_key: b
             "A path value, query value or header is malformed.",
         ),
         (
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "`headers_too_large`: the request line and headers are over the server's limit (`--header-bytes-max`).",
+        ),
+        (
             StatusCode::INTERNAL_SERVER_ERROR,
             "A store on disk could not be read.",
         ),

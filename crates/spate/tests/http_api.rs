@@ -387,6 +387,30 @@ fn every_file_the_server_writes_is_its_users_only() {
     }
 }
 
+/// Headers over the limit that hyper's read buffer lets through (it checks its size between reads, so
+/// that at the default 64 KiB, headers of up to about 100 KiB sent at once passed and were served) are
+/// refused by the server with 431 in the error shape.
+#[test]
+fn headers_over_the_limit_are_refused_even_when_they_arrive_at_once() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--apps", "tally"], None);
+    let address = server.base.strip_prefix("http://").unwrap();
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    let filler = "x".repeat(100 << 10);
+    write!(
+        stream,
+        "GET /health HTTP/1.1\r\nHost: {address}\r\nX-Large: {filler}\r\n\
+         Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer:.60?}");
+    assert!(answer.contains("\"headers_too_large\""), "{answer}");
+    assert!(answer.contains("over the limit of 65536"), "{answer}");
+}
+
 /// A client that sends its headers or its body too slowly, or never, or keeps a connection idle, is cut
 /// after the configured timeouts, and the server keeps serving everyone else meanwhile, even with every
 /// connection it allows taken (issue 19, defect 6).
