@@ -3,8 +3,9 @@
 //! an error, never a panic.
 //!
 //! The partition has one app, tally: making the empty state of all six for every input took most of
-//! the time (about 300 inputs/s), and every app's section is fuzzed through the same interface by
-//! `snapshot_restore`. A section of another app is refused here as an unknown one.
+//! the time (about 130 inputs/s; 3,300 with tally only and the file on tmpfs), and every app's section
+//! is fuzzed through the same interface by `snapshot_restore`. A section of another app is refused
+//! here as an unknown one.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

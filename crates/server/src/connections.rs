@@ -48,6 +48,14 @@ pub struct ConnectionLimits {
     pub header_bytes_max: usize,
 }
 
+impl ConnectionLimits {
+    /// The most bytes of a request's line and headers, as enforced: `header_bytes_max`, but not under
+    /// hyper's floor for its read buffer.
+    pub fn header_bytes_limit(&self) -> usize {
+        self.header_bytes_max.max(HEADER_BYTES_MIN)
+    }
+}
+
 impl Default for ConnectionLimits {
     fn default() -> Self {
         Self {
@@ -158,7 +166,7 @@ pub async fn serve(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms))
-        .max_buf_size(limits.header_bytes_max.max(HEADER_BYTES_MIN));
+        .max_buf_size(limits.header_bytes_limit());
     let body_read_timeout = Duration::from_millis(limits.body_read_timeout_ms);
     // A TLS handshake is held to the same deadline as the headers that follow it.
     let handshake_timeout = Duration::from_millis(limits.header_read_timeout_ms);
@@ -330,5 +338,21 @@ impl hyper::body::Body for PacedBody {
 
     fn size_hint(&self) -> hyper::body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_header_limit_under_hypers_floor_is_raised_to_it() {
+        let limits = |header_bytes_max| ConnectionLimits {
+            header_bytes_max,
+            ..ConnectionLimits::default()
+        };
+        assert_eq!(limits(0).header_bytes_limit(), HEADER_BYTES_MIN);
+        assert_eq!(limits(1000).header_bytes_limit(), HEADER_BYTES_MIN);
+        assert_eq!(limits(16 << 10).header_bytes_limit(), 16 << 10);
     }
 }

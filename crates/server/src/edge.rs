@@ -29,7 +29,7 @@ pub(crate) struct EdgeLayer {
 
 struct Shared {
     metrics: HttpMetrics,
-    /// `ConnectionLimits::header_bytes_max`.
+    /// `ConnectionLimits::header_bytes_limit`.
     header_bytes_max: usize,
     /// Path prefixes whose error answers are `{"message": ...}` (`AppModule::message_only_error_paths`).
     message_only_paths: Vec<&'static str>,

@@ -174,7 +174,7 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
         .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX))
         .layer(edge::EdgeLayer::new(
             http_metrics,
-            config.connections.header_bytes_max,
+            config.connections.header_bytes_limit(),
             message_only_error_paths,
         ));
 

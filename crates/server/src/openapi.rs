@@ -115,7 +115,7 @@ fn add_common_errors(operation: &mut Operation, message_only: bool, needs_key: b
         ),
         (
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "`headers_too_large`: the request line and headers are over the server's limit (`--header-bytes-max`).",
+            "`headers_too_large`: the request line and headers are over the server's limit (`--header-bytes-max`); with no body when they are refused while still arriving.",
         ),
         (
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -389,7 +389,8 @@ fn every_file_the_server_writes_is_its_users_only() {
 
 /// Headers over the limit that hyper's read buffer lets through (it checks its size between reads, so
 /// that at the default 64 KiB, headers of up to about 100 KiB sent at once passed and were served) are
-/// refused by the server with 431 in the error shape.
+/// refused by the server with 431 in the error shape. (hyper answers its own 431, without a body, when
+/// they arrive in pieces.)
 #[test]
 fn headers_over_the_limit_are_refused_even_when_they_arrive_at_once() {
     use std::io::{Read, Write};
@@ -398,15 +399,18 @@ fn headers_over_the_limit_are_refused_even_when_they_arrive_at_once() {
     let address = server.base.strip_prefix("http://").unwrap();
     let mut stream = std::net::TcpStream::connect(address).unwrap();
     let filler = "x".repeat(100 << 10);
-    write!(
-        stream,
+    let request = format!(
         "GET /health HTTP/1.1\r\nHost: {address}\r\nX-Large: {filler}\r\n\
          Connection: close\r\n\r\n"
-    )
-    .unwrap();
+    );
+    stream.write_all(request.as_bytes()).unwrap();
     let mut answer = String::new();
     stream.read_to_string(&mut answer).unwrap();
     assert!(answer.starts_with("HTTP/1.1 431"), "{answer:.60?}");
+    if answer.contains("content-length: 0\r\n") {
+        // hyper refused them while they were still arriving (a busy machine): also a refusal.
+        return;
+    }
     assert!(answer.contains("\"headers_too_large\""), "{answer}");
     assert!(answer.contains("over the limit of 65536"), "{answer}");
 }

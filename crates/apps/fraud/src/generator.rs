@@ -194,6 +194,10 @@ impl HistoryGenerator {
     pub fn skip_to(&mut self, card: u32) {
         assert_eq!(self.index, 0, "skipping starts at a card");
         let card = card.min(self.cards_end);
+        if self.len == 0 {
+            self.card = self.card.max(card);
+            return;
+        }
         while self.card < card {
             for code in 0..self.len {
                 self.timestamps.next_long();
@@ -338,6 +342,13 @@ mod tests {
             walker.cursor().card,
             40,
             "skipping stops at the history's end"
+        );
+        let mut empty_cards = HistoryGenerator::new(&seeds, i32::MAX as u32, 0, now_ms);
+        empty_cards.skip_to(2_000_000_000);
+        assert_eq!(
+            empty_cards.cursor().card,
+            2_000_000_000,
+            "no draws, no loop"
         );
         assert_eq!(parts.len(), whole.len());
         assert!(parts == whole, "the parts are the whole history, in order");

@@ -560,7 +560,9 @@ struct GenerateAnswer {
 ///
 /// An operator's route (`admin` under `--auth`): it takes memory and time in proportion to the
 /// history, about 80 s and 17 GB for 30 M cards x 20. It is generated in parts of 100,000 records, and
-/// the partitions apply other commands between them.
+/// the partitions apply other commands between them. A generation cut short (a crash, a stop, a
+/// refusal) keeps the parts it stored: send the same request again, with the same `Idempotency-Key`
+/// and `now_ms`, to store the rest without storing any part twice.
 #[utoipa::path(
     post,
     path = GENERATE_ROUTE,
