@@ -8,7 +8,7 @@ use crate::disk::{DiskGuard, DiskStatus};
 use crate::idempotency::IdempotencyTable;
 use crate::journal::{FileLogStore, JournalConfig, Log, LogStore};
 use crate::metrics::{EngineMetrics, PartitionLabel, PartitionMetrics};
-use crate::partition::{self, Feed, Internal, Limits, PartitionShared, Request};
+use crate::partition::{self, Feed, Internal, Limits, PartitionShared, Request, SinceSnapshot};
 use crate::projection::ProjectionRuntime;
 use crate::release::Releases;
 use crate::scrub::{Scrubs, StoreDamage};
@@ -41,6 +41,9 @@ pub struct EngineConfig {
     /// can be large (a batch of thousands of operations is one), and the journal is released only
     /// behind snapshots.
     pub snapshot_interval_bytes: u64,
+    /// A snapshot is also due once the partition spent this long applying since the last one: a restart
+    /// replays what was applied since the newest snapshot, and a small record can stand for much work.
+    pub snapshot_interval_apply: Duration,
     /// What one step of a snapshot writes, for apps that write theirs in steps (see
     /// `StateMachine::begin_snapshot`): the partition applies nothing during a step.
     pub snapshot_step_bytes: usize,
@@ -82,6 +85,10 @@ impl EngineConfig {
             flush_interval: Duration::ZERO,
             snapshot_interval_records: 1_000_000,
             snapshot_interval_bytes: 256 << 20,
+            // At 10 s, snapshots of fraud's streamed state fell due three times as often as by bytes, and
+            // the stream ran 17% slower; at 30 s no more often (BENCHMARKS.md, "Restart: partitions
+            // recovered side by side").
+            snapshot_interval_apply: Duration::from_secs(30),
             // 2-6 ms of encoding on a 2-core VM (BENCHMARKS.md, "Apply pauses"); 1 MiB took 10-13 ms.
             snapshot_step_bytes: 64 << 10,
             idempotency_window_ms: 24 * 60 * 60 * 1000,
@@ -273,19 +280,31 @@ impl Engine {
                 .collect::<Result<Vec<_>, _>>()
         })?;
         let inner = &engine.handle.inner;
-        let mut recovered = Vec::new();
-        for (partition, journal) in (0..partition_count).zip(journals) {
-            let core = inner.recover(partition, journal.as_ref())?;
+        // Partitions share nothing until they run: restore and replay them side by side, a core each.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let recovered = in_parallel(journals, cores, |partition, journal| {
+            let partition = PartitionId::try_from(partition).expect("partition ids fit");
+            inner
+                .recover(partition, journal.as_ref())
+                .map(|recovered| (recovered, journal))
+        })
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+        for ((core, _), journal) in &recovered {
             // Before the projections run: they start caught up with what the partitions recovered.
             for (projection, _) in &mut projections {
-                projection.catch_up(partition, journal.as_ref())?;
+                projection.catch_up(core.partition, journal.as_ref())?;
             }
-            recovered.push((core, journal));
         }
         let engine = engine.run_projections(projections)?;
-        for (core, journal) in recovered {
+        for ((core, replayed), journal) in recovered {
             let slot = &engine.handle.inner.slots[usize::from(core.partition)];
-            *slot.threads() = Some(engine.handle.inner.spawn_partition(core, journal)?);
+            *slot.threads() = Some(
+                engine
+                    .handle
+                    .inner
+                    .spawn_partition(core, replayed, journal)?,
+            );
         }
         Ok(engine)
     }
@@ -425,6 +444,7 @@ impl Engine {
             flush_interval: config.flush_interval,
             snapshot_interval_records: config.snapshot_interval_records,
             snapshot_interval_bytes: config.snapshot_interval_bytes,
+            snapshot_interval_apply: config.snapshot_interval_apply,
             snapshot_step_bytes: config.snapshot_step_bytes,
             follow_ups_in_flight_max: config.follow_ups_in_flight_max,
             resend_interval,
@@ -550,7 +570,11 @@ impl Inner {
     }
 
     /// Restores a partition's state from its newest snapshot and its log.
-    fn recover(&self, partition: PartitionId, log: &dyn Log) -> Result<Core, StartError> {
+    fn recover(
+        &self,
+        partition: PartitionId,
+        log: &dyn Log,
+    ) -> Result<(Core, SinceSnapshot), StartError> {
         let starter = &self.starter;
         let snapshot_dir = crate::snapshot_dir(&starter.data_dir, partition);
         let archive =
@@ -570,6 +594,7 @@ impl Inner {
     fn spawn_partition(
         &self,
         core: Core,
+        replayed: SinceSnapshot,
         log: Box<dyn Log>,
     ) -> Result<[JoinHandle<()>; 2], StartError> {
         let partition = core.partition;
@@ -585,6 +610,7 @@ impl Inner {
         self.shared[index].failed.store(false, Ordering::Release);
         let (partition_thread, writer_thread) = partition::pair(
             core,
+            replayed,
             log,
             queue_rx,
             self.internal[index].clone(),
@@ -919,13 +945,13 @@ impl EngineHandle {
             partition,
             &crate::snapshot_dir(&inner.starter.data_dir, partition),
         )?;
-        let core = inner.recover(partition, log.as_ref())?;
+        let (core, replayed) = inner.recover(partition, log.as_ref())?;
         let end_lsn = log.next_lsn();
         for view in &inner.projections {
             inner.shared[index].feed_dropped_end[usize::from(view.app)]
                 .fetch_max(end_lsn, Ordering::AcqRel);
         }
-        *threads = Some(inner.spawn_partition(core, log)?);
+        *threads = Some(inner.spawn_partition(core, replayed, log)?);
         Ok(())
     }
 
@@ -1093,4 +1119,62 @@ fn tend_store(
 ) -> std::io::Result<()> {
     scrubs.start(store, db.clone())?;
     releases.start(store, db)
+}
+
+/// Runs `work` on every item with its index, on at most `threads` threads at once, and returns the
+/// results in the items' order. A panic in `work` is carried to the caller.
+fn in_parallel<T: Send, R: Send>(
+    items: Vec<T>,
+    threads: usize,
+    work: impl Fn(usize, T) -> R + Sync,
+) -> Vec<R> {
+    let threads = threads.clamp(1, items.len().max(1));
+    let mut lanes: Vec<Vec<(usize, T)>> = (0..threads).map(|_| Vec::new()).collect();
+    for (index, item) in items.into_iter().enumerate() {
+        lanes[index % threads].push((index, item));
+    }
+    let work = &work;
+    let mut results: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let running: Vec<_> = lanes
+            .into_iter()
+            .map(|lane| {
+                scope.spawn(move || {
+                    lane.into_iter()
+                        .map(|(index, item)| (index, work(index, item)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        running
+            .into_iter()
+            .flat_map(|lane| {
+                lane.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
+    results.sort_unstable_by_key(|(index, _)| *index);
+    results.into_iter().map(|(_, result)| result).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_parallel;
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+
+    #[test]
+    fn in_parallel_keeps_the_order_and_uses_at_most_the_threads_given() {
+        for (items, threads) in [(0, 2), (1, 4), (7, 1), (10, 3), (5, 8)] {
+            let names = Mutex::new(HashSet::new());
+            let results = in_parallel((0..items).collect(), threads, |index, item: u32| {
+                assert_eq!(index as u32, item);
+                names.lock().unwrap().insert(std::thread::current().id());
+                item * 2
+            });
+            assert_eq!(results, (0..items).map(|n| n * 2).collect::<Vec<_>>());
+            let used = names.into_inner().unwrap().len();
+            assert!(used <= threads.min(items as usize), "{used} threads");
+        }
+    }
 }

@@ -129,11 +129,42 @@ pub(crate) struct Limits {
     pub flush_interval: Duration,
     pub snapshot_interval_records: u64,
     pub snapshot_interval_bytes: u64,
+    pub snapshot_interval_apply: Duration,
     pub snapshot_step_bytes: usize,
     pub follow_ups_in_flight_max: usize,
     /// In a cluster, follow-ups that made no progress for this long are sent again (a message between
     /// nodes can be lost); `None` on a single node, where channels lose nothing.
     pub resend_interval: Option<Duration>,
+}
+
+/// What a partition applied since its newest snapshot began: what a restart would replay. A snapshot
+/// falls due when any of it reaches its interval. Recovery starts it at what it replayed, so that a
+/// partition killed again and again before its next snapshot does not replay an ever longer journal.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SinceSnapshot {
+    pub records: u64,
+    /// Journal bytes: a few large records (a batch of 8,000 transfers is one) would otherwise keep the
+    /// journal from being released for a long time.
+    pub journal_bytes: u64,
+    /// Time spent applying: a small record can stand for much work (one part of a generated fraud
+    /// history is 100,000 records), and replay does that work again.
+    pub apply_time: Duration,
+}
+
+impl SinceSnapshot {
+    /// Whether any measure reached its interval divided by `divisor` (1: the snapshot is due).
+    fn reached(&self, limits: &Limits, divisor: u32) -> bool {
+        self.records >= limits.snapshot_interval_records / u64::from(divisor)
+            || self.journal_bytes >= limits.snapshot_interval_bytes / u64::from(divisor)
+            || self.apply_time >= limits.snapshot_interval_apply / divisor
+    }
+
+    /// Counts one record applied.
+    pub(crate) fn add(&mut self, journal_bytes: usize, apply_time: Duration) {
+        self.records += 1;
+        self.journal_bytes += journal_bytes as u64;
+        self.apply_time += apply_time;
+    }
 }
 
 /// Requests taken from the queues per wake-up before the batch is offered to the writer again.
@@ -169,10 +200,7 @@ pub(crate) struct PartitionThread {
     /// Follow-ups this partition sent itself and `route_follow_ups` has not applied yet.
     local: VecDeque<FollowUp>,
     rng: SmallRng,
-    records_since_snapshot: u64,
-    /// Journal bytes framed since the last snapshot began: a few large records (a batch of 8,000
-    /// transfers is one) would otherwise keep the journal from being released for a long time.
-    journal_bytes_since_snapshot: u64,
+    since_snapshot: SinceSnapshot,
     snapshot: Option<SteppedSnapshot<ChunkSender>>,
     /// When the snapshot in progress last took steps: the partition has applied since.
     snapshot_steps_ended: Instant,
@@ -206,6 +234,7 @@ pub(crate) struct WriterThread {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn pair(
     core: Core,
+    since_snapshot: SinceSnapshot,
     log: Box<dyn Log>,
     external: Receiver<Request>,
     internal: Receiver<Internal>,
@@ -254,8 +283,7 @@ pub(crate) fn pair(
         sent: Vec::new(),
         local: VecDeque::new(),
         rng: SmallRng::from_os_rng(),
-        records_since_snapshot: 0,
-        journal_bytes_since_snapshot: 0,
+        since_snapshot,
         snapshot: None,
         snapshot_steps_ended: Instant::now(),
         publishing: None,
@@ -382,22 +410,19 @@ impl PartitionThread {
         }
         let due = self.snapshot.is_none()
             && self.publishing.is_none()
-            && (self.records_since_snapshot >= self.limits.snapshot_interval_records
-                || self.journal_bytes_since_snapshot >= self.limits.snapshot_interval_bytes);
+            && self.since_snapshot.reached(&self.limits, 1);
         if self.snapshot.is_none() && !due {
             return;
         }
         let pause = PauseTimer::start();
         if due {
             // Counted from the attempt: one that fails is tried again an interval later.
-            self.records_since_snapshot = 0;
-            self.journal_bytes_since_snapshot = 0;
+            self.since_snapshot = SinceSnapshot::default();
             if let Err(error) = self.begin_snapshot() {
                 tracing::error!(partition = self.core.partition, %error, "snapshot failed");
             }
         } else {
-            let late = self.records_since_snapshot >= self.limits.snapshot_interval_records / 4
-                || self.journal_bytes_since_snapshot >= self.limits.snapshot_interval_bytes / 4;
+            let late = self.since_snapshot.reached(&self.limits, 4);
             let applied = self.snapshot_steps_ended.elapsed();
             let slice = if late {
                 applied.min(SNAPSHOT_STEPS_MAX)
@@ -551,6 +576,7 @@ impl PartitionThread {
     /// for [`Self::route_follow_ups`], which every caller runs right after.
     fn apply(&mut self, envelope: &Envelope, payload: &[u8]) -> &[u8] {
         let start = begin_record(&mut self.batch.frames, envelope, payload);
+        let apply_started = Instant::now();
         let reply = self.core.apply(
             envelope,
             payload,
@@ -558,11 +584,12 @@ impl PartitionThread {
             &mut self.sent,
             &mut self.batch.archived,
         );
+        let apply_time = apply_started.elapsed();
         finish_record(&mut self.batch.frames, start);
-        self.journal_bytes_since_snapshot += (self.batch.frames.len() - start) as u64;
+        self.since_snapshot
+            .add(self.batch.frames.len() - start, apply_time);
         self.batch.record_count += 1;
         self.batch.apps |= app_bit(envelope.app);
-        self.records_since_snapshot += 1;
         self.metrics.commands_applied.inc();
         reply
     }
@@ -673,8 +700,7 @@ impl PartitionThread {
         self.start_snapshot_thread(lsn, file_chunks)?;
         let out = ChunkSender::start(chunks).map_err(|e| e.to_string())?;
         self.snapshot = Some(SteppedSnapshot::begin(&mut self.core, out));
-        self.records_since_snapshot = 0;
-        self.journal_bytes_since_snapshot = 0;
+        self.since_snapshot = SinceSnapshot::default();
         Ok(())
     }
 

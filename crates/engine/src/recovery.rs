@@ -5,12 +5,14 @@ use crate::archive::{Archive, ArchiveStore};
 use crate::core::Core;
 use crate::idempotency::IdempotencyTable;
 use crate::journal::{JournalError, Log};
+use crate::partition::SinceSnapshot;
 use crate::record::RecordRef;
 use crate::snapshot::{self, SectionReader};
 use crate::wire::{ReadLe, WriteLe};
 use crate::{AppId, PartitionId, StartError};
 use std::io::{self, Read, Write};
 use std::path::Path;
+use std::time::Instant;
 
 /// The sections of a partition snapshot before the apps'; then come each app's, as its id and its state,
 /// the idempotency table's (written in steps by the partition thread, see
@@ -129,7 +131,8 @@ pub(crate) fn load_snapshot(
 }
 
 /// Restores the newest snapshot the journal can continue from, then replays the journal after it, and
-/// stores what replay archived.
+/// stores what replay archived. Returns the state and what was replayed: the partition's next snapshot
+/// falls due counting from there.
 pub(crate) fn recover_partition(
     partition: PartitionId,
     partition_count: u16,
@@ -138,7 +141,7 @@ pub(crate) fn recover_partition(
     archive: &Option<ArchiveStore>,
     log: &dyn Log,
     snapshot_dir: &Path,
-) -> Result<Core, StartError> {
+) -> Result<(Core, SinceSnapshot), StartError> {
     let mut restored = None;
     for (lsn, path) in snapshot::list(snapshot_dir)? {
         if lsn < log.first_lsn() {
@@ -217,6 +220,7 @@ pub(crate) fn recover_partition(
     let mut sent = Vec::new();
     let mut archived = Vec::new();
     let from = core.next_lsn;
+    let mut replayed = SinceSnapshot::default();
     log.replay(from, &mut |lsn, kind, body| {
         let corrupt = |reason: String| JournalError::Corrupt {
             path: "journal".into(),
@@ -233,6 +237,7 @@ pub(crate) fn recover_partition(
         }
         debug_assert_eq!(core.next_lsn, lsn);
         events.clear();
+        let apply_started = Instant::now();
         // What replay archives is stored at the end, from the archive's memory.
         core.apply(
             &record.envelope,
@@ -241,6 +246,7 @@ pub(crate) fn recover_partition(
             &mut sent,
             &mut archived,
         );
+        replayed.add(body.len(), apply_started.elapsed());
         archived.clear();
         debug_assert_eq!(
             events.as_slice(),
@@ -250,12 +256,14 @@ pub(crate) fn recover_partition(
         sent.clear();
         Ok(())
     })?;
+    debug_assert_eq!(replayed.records, core.next_lsn - from);
     core.archive.store_recovered()?;
     tracing::info!(
         partition,
         snapshot_lsn = from,
-        replayed = core.next_lsn - from,
+        replayed = replayed.records,
+        replay_ms = replayed.apply_time.as_millis() as u64,
         "partition recovered"
     );
-    Ok(core)
+    Ok((core, replayed))
 }

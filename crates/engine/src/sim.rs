@@ -237,7 +237,8 @@ impl Sim {
             &journal,
             &snapshot_dir,
         )
-        .unwrap();
+        .unwrap()
+        .0;
         Self {
             seed,
             snapshot_step_bytes: rng.random_range(16..512),
@@ -491,7 +492,7 @@ impl Sim {
                 &journal,
                 &self.snapshot_dir,
             )
-            .map(|core| (journal, report, core))
+            .map(|(core, _)| (journal, report, core))
             .map_err(|error| error.to_string()),
         };
         let latent = (self.latent_damage).filter(|&lsn| lsn >= self.journal.first_lsn());

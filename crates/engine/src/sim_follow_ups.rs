@@ -185,7 +185,7 @@ impl World {
     ) -> (FileJournal, Core) {
         let (journal, _) = FileJournal::open(journal_dir, self.config.clone())
             .unwrap_or_else(|e| self.fail(format!("partition {id}: opening its journal: {e}")));
-        let core = crate::recovery::recover_partition(
+        let (core, _) = crate::recovery::recover_partition(
             id,
             PARTITIONS,
             &self.specs,

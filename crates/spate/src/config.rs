@@ -89,6 +89,11 @@ pub struct ServeArgs {
     /// --snapshot-interval-records: the journal is released only behind snapshots [default: 268435456]
     #[arg(long, env = "SPATE_SNAPSHOT_INTERVAL_BYTES")]
     snapshot_interval_bytes: Option<u64>,
+    /// Milliseconds a partition spends applying between two snapshots, whichever comes first with the
+    /// two above: a restart after a crash replays what was applied since the newest snapshot, so this
+    /// bounds its replay [default: 30000]
+    #[arg(long, env = "SPATE_SNAPSHOT_INTERVAL_APPLY_MS")]
+    snapshot_interval_apply_ms: Option<u64>,
     /// Bytes one step of a snapshot writes, for apps that snapshot in steps while they apply (all but
     /// ski); a partition applies nothing during a step, and takes a late snapshot's steps for at most 3
     /// ms at a time [default: 65536]
@@ -361,6 +366,7 @@ impl ServeArgs {
                 flush_interval_us,
                 snapshot_interval_records,
                 snapshot_interval_bytes,
+                snapshot_interval_apply_ms,
                 snapshot_step_bytes,
                 archive_cache_mb,
                 archive_memtable_mb,
@@ -493,6 +499,9 @@ impl ServeArgs {
         }
         if let Some(bytes) = self.snapshot_interval_bytes {
             engine.snapshot_interval_bytes = bytes.max(1);
+        }
+        if let Some(ms) = self.snapshot_interval_apply_ms {
+            engine.snapshot_interval_apply = Duration::from_millis(ms.max(1));
         }
         if let Some(bytes) = self.snapshot_step_bytes {
             engine.snapshot_step_bytes = bytes.max(1);

@@ -82,6 +82,53 @@ fn a_journal_cut_behind_its_snapshot_is_refused() {
     assert!(log.contains("move that snapshot out of"), "{log}");
 }
 
+/// What a restart replays counts toward the next snapshot (issue 17): counted from zero again, a server
+/// killed every time before its next snapshot would replay an ever longer journal, and take ever longer
+/// to start. Here: 200 records, kill -9, then 150 more reach the interval of 300 with the 200 replayed.
+#[test]
+fn what_a_restart_replayed_counts_toward_the_next_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let never = "1000000000000";
+    let args = [
+        "--apps",
+        "tally",
+        "--partitions",
+        "1",
+        "--snapshot-interval-records",
+        "300",
+        "--snapshot-interval-bytes",
+        never,
+        "--snapshot-interval-apply-ms",
+        never,
+    ];
+    let agent = support::agent();
+    let add = |server: &Server, entries: std::ops::Range<u32>| {
+        for i in entries {
+            let url = format!("{}/tally/accounts/a{i}/entries", server.base);
+            let body = serde_json::json!({"amount": 1, "tag": i});
+            assert_eq!(support::post(&agent, &url, None, &body).unwrap().0, 201);
+        }
+    };
+    let server = Server::start(dir.path(), &args, None);
+    add(&server, 0..200);
+    assert_eq!(support::snapshots_finished(&agent, &server.base, 0), 0);
+    server.kill9();
+
+    let server = Server::start(dir.path(), &args, None);
+    assert_eq!(
+        support::snapshots_finished(&agent, &server.base, 0),
+        0,
+        "200 records replayed are fewer than the interval"
+    );
+    add(&server, 200..350);
+    assert!(
+        support::eventually(Duration::from_secs(10), || {
+            support::snapshots_finished(&agent, &server.base, 0) >= 1
+        }),
+        "no snapshot after 200 records replayed and 150 applied, with an interval of 300"
+    );
+}
+
 /// Issue 20: a data directory, a snapshot or a read model's checkpoint written by a newer binary is
 /// refused at start-up with both versions named, and left as it is: never set aside as damaged (a
 /// snapshot set aside would have been replaced by a replay of a journal that no longer holds what it

@@ -11,6 +11,7 @@ use spate_fraud::stream::{Ack, KIND_SCORE, STATUS_DURABLE, STATUS_INVALID, encod
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 use support::fraud::{START_MS, by_rule, expected, generate_history, generated};
 use support::{Server, agent, get, post};
 
@@ -114,10 +115,10 @@ fn a_producer_that_disconnects_mid_batch_loses_only_that_batch() {
     assert_eq!(read_ack(&mut socket).status, STATUS_DURABLE);
     socket.write_all(&second[..second.len() / 2]).unwrap();
     drop(socket);
-    assert!(support::eventually(
-        std::time::Duration::from_secs(5),
-        || stats(&server)["scored"] == 20
-    ));
+    assert!(support::eventually(Duration::from_secs(5), || stats(
+        &server
+    )["scored"]
+        == 20));
     std::thread::sleep(std::time::Duration::from_millis(200));
     assert_eq!(
         stats(&server)["scored"],
@@ -346,6 +347,44 @@ fn a_history_is_generated_in_parts_that_make_the_whole() {
     let server = Server::start(dir.path(), &args, None);
     check(&server, "replayed after kill -9");
     assert_eq!(stats(&server)["imported"], cards * 20);
+}
+
+/// A part of a generated history is a record of a few bytes that stands for 100,000 records of work:
+/// counted in records and journal bytes alone, a whole generation makes no snapshot fall due, and a
+/// crash after it replays all of it. Time spent applying counts too (issue 17).
+#[test]
+fn a_snapshot_falls_due_by_time_spent_applying() {
+    let never = "1000000000000";
+    for (apply_ms, falls_due) in [(never, false), ("1", true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let args = [
+            "--apps",
+            "fraud",
+            "--partitions",
+            "1",
+            "--snapshot-interval-records",
+            never,
+            "--snapshot-interval-bytes",
+            never,
+            "--snapshot-interval-apply-ms",
+            apply_ms,
+        ];
+        let server = Server::start(dir.path(), &args, None);
+        let agent = agent();
+        let url = format!("{}/fraud/history/generate", server.base);
+        let body = json!({"cards": 12_000, "now_ms": START_MS});
+        let (status, reply) = post(&agent, &url, None, &body).unwrap();
+        assert_eq!(status, 200, "{reply}");
+        // Long enough for the snapshot when it is due; the other case waits less for nothing.
+        let wait = Duration::from_secs(if falls_due { 30 } else { 2 });
+        let snapshotted = support::eventually(wait, || {
+            support::snapshots_finished(&agent, &server.base, 0) >= 1
+        });
+        assert_eq!(
+            snapshotted, falls_due,
+            "--snapshot-interval-apply-ms {apply_ms}: a snapshot after three parts"
+        );
+    }
 }
 
 #[test]

@@ -856,13 +856,8 @@ fn snapshots_and_checkpoints_fall_due_by_journal_bytes_too() {
     let (agent, base) = (agent(), server.base.clone());
     create(&agent, &base, "dfspa", "1000000");
     create(&agent, &base, "dfspb", "1000000");
-    let snapshots = || {
-        support::metrics_text(&agent, &base)
-            .lines()
-            .find_map(|line| line.strip_prefix("spate_snapshot_seconds_count{partition=\"0\"} "))
-            .map_or(0.0, |count| count.parse::<f64>().unwrap())
-    };
-    assert_eq!(snapshots(), 0.0, "nothing fell due yet");
+    let snapshots = || support::snapshots_finished(&agent, &base, 0);
+    assert_eq!(snapshots(), 0, "nothing fell due yet");
     let checkpoint = dir.path().join("projections/ledger.snap");
     assert!(!checkpoint.exists());
     let count = 1_000u64;
@@ -876,7 +871,7 @@ fn snapshots_and_checkpoints_fall_due_by_journal_bytes_too() {
     );
     assert_eq!(status, 200, "{body}");
     assert!(
-        eventually(Duration::from_secs(10), || snapshots() >= 1.0),
+        eventually(Duration::from_secs(10), || snapshots() >= 1),
         "no snapshot after more than 64 KiB of journal"
     );
     assert!(

@@ -301,6 +301,15 @@ pub fn metrics_text(agent: &ureq::Agent, base: &str) -> String {
         .expect("/metrics is text")
 }
 
+/// Snapshots of `partition` finished since the server started (`spate_snapshot_seconds_count`).
+pub fn snapshots_finished(agent: &ureq::Agent, base: &str, partition: u16) -> u64 {
+    let prefix = format!("spate_snapshot_seconds_count{{partition=\"{partition}\"}} ");
+    metrics_text(agent, base)
+        .lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .map_or(0, |count| count.parse().expect("a count"))
+}
+
 /// How long a check waits out `503 partition_moving` answers: a rebalance can start at any moment in a
 /// cluster (a slow heartbeat on a loaded machine is enough), and takeover takes up to about 10 s.
 pub const MOVING_WAIT: Duration = Duration::from_secs(60);
