@@ -246,6 +246,7 @@ pub(crate) fn recover_partition(
             &mut sent,
             &mut archived,
         );
+        // The body only: each frame's few header bytes are left out of the count.
         replayed.add(body.len(), apply_started.elapsed());
         archived.clear();
         debug_assert_eq!(
