@@ -12,7 +12,7 @@ use crate::core::{Admission, Core, FollowUp, Outgoing};
 use crate::journal::{JournalError, Log, Lsn};
 use crate::metrics::{PartitionMetrics, PauseTimer};
 use crate::record::{Envelope, Origin, begin_record, finish_record};
-use crate::snapshot::{ChunkSender, SnapshotChunk, Unpublished};
+use crate::snapshot::{ChunkReceiver, ChunkSender, Unpublished};
 use crate::stepped_snapshot::SteppedSnapshot;
 use crate::{AppId, CommandId, EngineError, PartitionId, Reply, app_bit};
 use crossbeam_channel::{Receiver, Select, Sender, TryRecvError, TrySendError, bounded};
@@ -696,9 +696,9 @@ impl PartitionThread {
     fn begin_snapshot(&mut self) -> Result<(), String> {
         debug_assert!(self.snapshot.is_none() && self.publishing.is_none());
         let lsn = self.core.next_lsn;
-        let (chunks, file_chunks) = bounded(SNAPSHOT_CHUNKS_QUEUED);
+        let (out, file_chunks) =
+            crate::snapshot::chunk_pipe(Some(SNAPSHOT_CHUNKS_QUEUED)).map_err(|e| e.to_string())?;
         self.start_snapshot_thread(lsn, file_chunks)?;
-        let out = ChunkSender::start(chunks).map_err(|e| e.to_string())?;
         self.snapshot = Some(SteppedSnapshot::begin(&mut self.core, out));
         self.since_snapshot = SinceSnapshot::default();
         Ok(())
@@ -714,11 +714,7 @@ impl PartitionThread {
 
     /// Starts the thread that writes the file of the snapshot of `lsn` from `chunks`, then publishes it
     /// (see [`publish_snapshot`]); its answer comes through `self.publishing`.
-    fn start_snapshot_thread(
-        &mut self,
-        lsn: Lsn,
-        chunks: Receiver<SnapshotChunk>,
-    ) -> Result<(), String> {
+    fn start_snapshot_thread(&mut self, lsn: Lsn, chunks: ChunkReceiver) -> Result<(), String> {
         let (answer, publishing) = bounded(1);
         let publish = Publish {
             partition: self.core.partition,

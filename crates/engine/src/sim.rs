@@ -33,11 +33,10 @@ use crate::idempotency::IdempotencyTable;
 use crate::journal::{Durability, FileJournal, JournalConfig, Log, Lsn};
 use crate::record::{Envelope, Origin, begin_record, finish_record};
 use crate::segmented::{EntryCodec, SegmentedMap};
-use crate::snapshot::{ChunkSender, SnapshotChunk};
+use crate::snapshot::{ChunkReceiver, ChunkSender};
 use crate::stepped_snapshot::SteppedSnapshot;
 use crate::wire::{ReadLe, WriteLe};
 use crate::{AppId, CommandId};
-use crossbeam_channel::{Receiver, unbounded};
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 use std::collections::HashMap;
@@ -200,7 +199,7 @@ struct Sim {
     batch: Vec<u8>,
     /// Each acknowledged group commit: its first LSN and its frames.
     commits: Vec<(Lsn, Vec<u8>)>,
-    snapshot: Option<(Lsn, SteppedSnapshot<ChunkSender>, Receiver<SnapshotChunk>)>,
+    snapshot: Option<(Lsn, SteppedSnapshot<ChunkSender>, ChunkReceiver)>,
     snapshot_step_bytes: usize,
     trace: Vec<String>,
     crashes: u32,
@@ -406,8 +405,7 @@ impl Sim {
     fn begin_snapshot(&mut self) {
         let lsn = self.core.next_lsn;
         self.note(format!("begin snapshot at LSN {lsn}"));
-        let (chunks, file_chunks) = unbounded();
-        let out = ChunkSender::start(chunks).unwrap();
+        let (out, file_chunks) = crate::snapshot::chunk_pipe(None).unwrap();
         let stepped = SteppedSnapshot::begin(&mut self.core, out);
         self.snapshot = Some((lsn, stepped, file_chunks));
     }

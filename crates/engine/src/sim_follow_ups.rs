@@ -17,11 +17,9 @@ use crate::core::{Core, FollowUp};
 use crate::idempotency::IdempotencyTable;
 use crate::journal::{Durability, FileJournal, JournalConfig, Log, Lsn};
 use crate::record::{Envelope, Origin, begin_record, finish_record};
-use crate::snapshot::ChunkSender;
 use crate::stepped_snapshot::SteppedSnapshot;
 use crate::wire::{ReadLe, WriteLe};
 use crate::{AppId, PartitionId};
-use crossbeam_channel::unbounded;
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 use std::collections::BTreeMap;
@@ -397,8 +395,7 @@ impl World {
         let budget = self.rng.random_range(8..256);
         let partition = &mut self.partitions[usize::from(p)];
         let lsn = partition.core.next_lsn;
-        let (chunks, file_chunks) = unbounded();
-        let out = ChunkSender::start(chunks).unwrap();
+        let (out, file_chunks) = crate::snapshot::chunk_pipe(None).unwrap();
         let mut stepped = SteppedSnapshot::begin(&mut partition.core, out);
         while !stepped.step(&mut partition.core, budget) {}
         let (chunks, failed) = stepped.finish();

@@ -197,7 +197,7 @@ impl Unpublished {
 }
 
 /// A partition snapshot's bytes on their way to the thread that writes its file.
-pub enum SnapshotChunk {
+enum SnapshotChunk {
     Bytes(Vec<u8>),
     /// The snapshot is whole: the file may be published.
     Finished,
@@ -208,20 +208,49 @@ pub enum SnapshotChunk {
 /// Bytes a chunk holds before it is sent: few sends, and little memory per chunk queued.
 const CHUNK_BYTES: usize = 1 << 20;
 
+/// Written chunks' buffers kept to be filled again: a fresh megabyte is paged in as it is written,
+/// on the partition thread (measured at fraud's 30 M cards: about 300 page faults, 4-19 ms of system
+/// time, in each snapshot step), while one sent back is already in memory.
+const SPARE_CHUNKS: usize = 4;
+
+/// The two ends of a partition snapshot's way to its file: [`ChunkSender`] on the partition's
+/// thread, [`ChunkReceiver`] on the file's ([`write_streamed`]). With `chunks_queued`, the sender
+/// waits while that many chunks are queued; without, never (for a caller that drives both ends).
+pub fn chunk_pipe(
+    chunks_queued: Option<usize>,
+) -> io::Result<(SectionWriter<ChunkSender>, ChunkReceiver)> {
+    let (chunks, file_chunks) = match chunks_queued {
+        Some(queued) => crossbeam_channel::bounded(queued),
+        None => crossbeam_channel::unbounded(),
+    };
+    let (spares_back, spares) = crossbeam_channel::bounded(SPARE_CHUNKS);
+    let out = ChunkSender::start(chunks, spares)?;
+    let receiver = ChunkReceiver {
+        chunks: file_chunks,
+        spares: spares_back,
+    };
+    Ok((out, receiver))
+}
+
 /// Buffers a partition snapshot and sends it in chunks to the thread that writes its file
 /// ([`write_streamed`]), so that the partition thread never waits on the file system, only on a full
 /// queue of chunks.
 pub struct ChunkSender {
     buffer: Vec<u8>,
     chunks: Sender<SnapshotChunk>,
+    spares: Receiver<Vec<u8>>,
 }
 
 impl ChunkSender {
     /// Starts the snapshot with its header section.
-    pub fn start(chunks: Sender<SnapshotChunk>) -> io::Result<SectionWriter<Self>> {
+    fn start(
+        chunks: Sender<SnapshotChunk>,
+        spares: Receiver<Vec<u8>>,
+    ) -> io::Result<SectionWriter<Self>> {
         let mut out = SectionWriter::new(Self {
             buffer: Vec::with_capacity(CHUNK_BYTES),
             chunks,
+            spares,
         });
         write_header(&mut out)?;
         Ok(out)
@@ -247,13 +276,23 @@ impl ChunkSender {
 }
 
 impl Write for ChunkSender {
+    /// Takes what fits in the chunk, so that its buffer never grows past the capacity it was made
+    /// with (a sealed chunk of fraud's is itself a megabyte, written at once).
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.buffer.extend_from_slice(buf);
-        if self.buffer.len() >= CHUNK_BYTES {
-            let full = std::mem::replace(&mut self.buffer, Vec::with_capacity(CHUNK_BYTES));
+        let taken = buf.len().min(CHUNK_BYTES - self.buffer.len());
+        self.buffer.extend_from_slice(&buf[..taken]);
+        if self.buffer.len() == CHUNK_BYTES {
+            let empty = match self.spares.try_recv() {
+                Ok(mut spare) => {
+                    spare.clear();
+                    spare
+                }
+                Err(_) => Vec::with_capacity(CHUNK_BYTES),
+            };
+            let full = std::mem::replace(&mut self.buffer, empty);
             self.send(SnapshotChunk::Bytes(full))?;
         }
-        Ok(buf.len())
+        Ok(taken)
     }
     /// Chunks go when full or at the end: the file is synced once, when it is published.
     fn flush(&mut self) -> io::Result<()> {
@@ -261,20 +300,24 @@ impl Write for ChunkSender {
     }
 }
 
+/// The file's end of [`chunk_pipe`]: the chunks, and the way back for their emptied buffers.
+pub struct ChunkReceiver {
+    chunks: Receiver<SnapshotChunk>,
+    spares: Sender<Vec<u8>>,
+}
+
 /// Writes the chunks of the snapshot of LSN `lsn` to a temporary file in `dir` as they come; returns
 /// the file, to publish, once the snapshot is whole.
-pub fn write_streamed(
-    dir: &Path,
-    lsn: Lsn,
-    chunks: Receiver<SnapshotChunk>,
-) -> Result<Unpublished, String> {
+pub fn write_streamed(dir: &Path, lsn: Lsn, chunks: ChunkReceiver) -> Result<Unpublished, String> {
     let mut file = Unpublished::create(dir, &file_name(lsn)).map_err(|e| e.to_string())?;
     let error = loop {
-        match chunks.recv() {
+        match chunks.chunks.recv() {
             Ok(SnapshotChunk::Bytes(bytes)) => {
                 if let Err(error) = file.write_all(&bytes) {
                     break format!("writing {}: {error}", file.temporary.display());
                 }
+                // Full when the partition has enough: this one is then freed.
+                let _ = chunks.spares.try_send(bytes);
             }
             Ok(SnapshotChunk::Finished) => return Ok(file),
             Ok(SnapshotChunk::Failed(error)) => break error,
@@ -383,6 +426,39 @@ pub fn list(dir: &Path) -> Result<Vec<(Lsn, PathBuf)>, JournalError> {
 mod tests {
     use super::*;
     use crate::wire::{ReadLe, WriteLe};
+
+    #[test]
+    fn a_written_chunk_is_filled_again_and_the_file_holds_every_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut out, file_end) = chunk_pipe(Some(4)).unwrap();
+        let returned = file_end.spares.clone();
+        let file_dir = dir.path().to_path_buf();
+        let file_thread = std::thread::spawn(move || write_streamed(&file_dir, 3, file_end));
+
+        let first_chunk = out.inner.buffer.as_ptr();
+        let bytes: Vec<u8> = (0..3 * CHUNK_BYTES).map(|i| (i % 251) as u8).collect();
+        out.inner.write_all(&bytes[..CHUNK_BYTES]).unwrap();
+        while returned.is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        out.inner
+            .write_all(&bytes[CHUNK_BYTES..2 * CHUNK_BYTES])
+            .unwrap();
+        assert_eq!(
+            out.inner.buffer.as_ptr(),
+            first_chunk,
+            "the chunk written first is the one filled next"
+        );
+        out.inner.write_all(&bytes[2 * CHUNK_BYTES..]).unwrap();
+        out.into_inner().finish().unwrap();
+
+        let path = file_thread.join().unwrap().unwrap().publish().unwrap();
+        let written = fs::read(path).unwrap();
+        assert!(
+            written.ends_with(&bytes),
+            "every byte, in order, after the header"
+        );
+    }
 
     #[test]
     fn sections_round_trip_and_corruption_is_caught() {

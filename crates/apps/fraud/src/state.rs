@@ -114,6 +114,8 @@ pub struct FraudState {
     stats: Stats,
     /// The counts as they were when the snapshot in progress began, until its first step writes them.
     snapshot_stats: Option<Vec<u8>>,
+    /// The sealing buffer of the snapshot steps, kept from one to the next.
+    snapshot_seal_buffer: Vec<u8>,
     rules: Arc<dyn RuleSet>,
     cipher: Arc<CardCipher>,
     /// Scratch for the history window of the transaction being scored.
@@ -130,6 +132,7 @@ impl FraudState {
             store: HistoryStore::new(entries_per_card_max),
             stats: Stats::default(),
             snapshot_stats: None,
+            snapshot_seal_buffer: Vec::new(),
             rules,
             cipher,
             window: Vec::new(),
@@ -169,6 +172,7 @@ impl FraudState {
             store,
             stats,
             snapshot_stats: None,
+            snapshot_seal_buffer: Vec::new(),
             rules,
             cipher,
             window: Vec::new(),
@@ -281,12 +285,16 @@ impl StateMachine for FraudState {
         out: &mut dyn Write,
         bytes_budget: usize,
     ) -> io::Result<bool> {
-        let mut sealed = SealingWriter::new(out, &self.cipher);
+        let buffer = std::mem::take(&mut self.snapshot_seal_buffer);
+        let mut sealed = SealingWriter::reusing(out, &self.cipher, buffer);
         if let Some(stats) = self.snapshot_stats.take() {
             sealed.write_all(&stats)?;
         }
         let done = self.store.snapshot_step(&mut sealed, bytes_budget)?;
-        sealed.finish()?;
+        let buffer = sealed.finish_keeping_buffer()?;
+        if !done {
+            self.snapshot_seal_buffer = buffer;
+        }
         Ok(done)
     }
 
