@@ -38,8 +38,10 @@ const _: () = assert!(ENTRIES_PER_CARD_MAX < SNAPSHOT_MARK as usize);
 /// progress (it was written before it changed, or it is new since the snapshot began).
 const SNAPSHOT_MARK: u16 = 1 << 15;
 /// Segments of a store: a step writes at least one, so this bounds a step's work at large scale (30 M
-/// cards on two partitions: about 900 cards, 450 KB, per segment).
-const SEGMENT_BITS: u32 = 14;
+/// cards on two partitions: about 230 cards, 115 KB, per segment). 2^14 segments of 450 KB made steps
+/// of 10-15 ms by the wall at that scale, up to 58 ms of CPU; each segment costs an empty store about
+/// 40 bytes (2.6 MB for 2^16).
+const SEGMENT_BITS: u32 = 16;
 /// What visiting a card costs a snapshot's step, counted against its byte budget whether or not the
 /// card is written (about a cache line).
 const CARD_VISIT_BYTES: usize = 64;
@@ -165,11 +167,6 @@ fn set_mark(packed: &mut [u8], marked: bool) {
     set_count_field(packed, if marked { len | SNAPSHOT_MARK } else { len });
 }
 
-/// A card's segment: the top bits of a multiplicative hash, so that card numbers in sequence spread.
-fn segment_of(card: u64) -> usize {
-    (card.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - SEGMENT_BITS)) as usize
-}
-
 /// One card as a snapshot holds it: `card u64 | length u32 | header and entries` (never the mark).
 fn write_card(out: &mut dyn Write, card: u64, packed: &[u8]) -> io::Result<()> {
     let used = &packed[..CardHistory(packed).used_bytes()];
@@ -240,14 +237,21 @@ struct SnapshotInProgress {
 
 impl HistoryStore {
     pub fn new(entries_per_card_max: usize) -> Self {
+        Self::with_segment_bits(entries_per_card_max, SEGMENT_BITS)
+    }
+
+    /// A store of `2^segment_bits` segments: fewer than [`SEGMENT_BITS`] let tests of a few cards step
+    /// through snapshots quickly.
+    fn with_segment_bits(entries_per_card_max: usize, segment_bits: u32) -> Self {
         assert!((1..=ENTRIES_PER_CARD_MAX).contains(&entries_per_card_max));
+        assert!((1..=SEGMENT_BITS).contains(&segment_bits));
         Self {
             // One hasher state for every segment: a state of its own each drew 16,384 seeds, most of
             // the time an empty store took to make (it is made for every partition, and for every
             // input of the fuzz target `snapshot_file`).
             segments: {
                 let hasher = foldhash::fast::RandomState::default();
-                (0..1 << SEGMENT_BITS)
+                (0..1 << segment_bits)
                     .map(|_| CardMap::with_hasher(hasher.clone()))
                     .collect()
             },
@@ -290,8 +294,17 @@ impl HistoryStore {
         }
     }
 
+    /// A card's segment: the top bits of a multiplicative hash, so that card numbers in sequence
+    /// spread.
+    fn segment_of(&self, card: u64) -> usize {
+        let segment_bits = self.segments.len().trailing_zeros();
+        (card.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - segment_bits)) as usize
+    }
+
     fn get(&self, card: u64) -> Option<&[u8]> {
-        self.segments[segment_of(card)].get(&card).map(|b| &b[..])
+        self.segments[self.segment_of(card)]
+            .get(&card)
+            .map(|b| &b[..])
     }
 
     /// Scores `txn` against its card's history with `rules`, then stores it with its verdict.
@@ -351,7 +364,7 @@ impl HistoryStore {
     /// Stores `txn` with `verdict`, keeping the newest entries up to the cap and dropping those more than
     /// 90 days older than the newest.
     pub fn store(&mut self, txn: &Txn, verdict: u8) {
-        let segment = segment_of(txn.card);
+        let segment = self.segment_of(txn.card);
         let snapshot_pending = self.snapshot.as_ref().is_some_and(|s| s.pending[segment]);
         if snapshot_pending {
             self.preserve(segment, txn.card);
@@ -519,7 +532,11 @@ impl HistoryStore {
         for (index, segment) in self.segments.iter().enumerate() {
             for (card, packed) in segment {
                 assert!(!is_marked(packed), "card {card} still marked");
-                assert_eq!(segment_of(*card), index, "card {card} in another segment");
+                assert_eq!(
+                    self.segment_of(*card),
+                    index,
+                    "card {card} in another segment"
+                );
                 counted.0 += 1;
                 counted.1 += CardHistory(packed).len() as u64;
             }
@@ -568,7 +585,8 @@ impl HistoryStore {
                 return Err(invalid("card history count disagrees with its length"));
             }
             let entries = CardHistory(&packed).len();
-            let segment = &mut store.segments[segment_of(card)];
+            let segment = store.segment_of(card);
+            let segment = &mut store.segments[segment];
             if segment.insert(card, packed.into_boxed_slice()).is_some() {
                 return Err(invalid("a card's history appears twice"));
             }
@@ -767,7 +785,7 @@ mod tests {
             /// the store was when it began; the marks are all gone once it is written.
             #[test]
             fn a_snapshot_in_steps_is_the_store_as_it_began(ops in proptest::collection::vec(op(), 1..300)) {
-                let mut store = HistoryStore::new(6);
+                let mut store = HistoryStore::with_segment_bits(6, 8);
                 let mut in_progress: Option<(HistoryStore, Vec<u8>)> = None;
                 let step = |store: &mut HistoryStore, bytes: &mut Vec<u8>, budget| {
                     store.snapshot_step(bytes, budget).unwrap()
