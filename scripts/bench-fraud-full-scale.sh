@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # fraud at the case study's full scale: CARDS cards x 20 generated in place, COUNT transactions streamed
-# through the acknowledged stream, then the longest apply pause (with the most CPU time one took), the
-# server's RSS and data directory, and a restart from kill -9 timed until the server answers again.
+# through the acknowledged stream, then the longest apply pause (with the most CPU time one took), how
+# many snapshot pauses passed 10 ms, the server's RSS and data directory, and a restart from kill -9
+# timed until the server answers again.
 # Needs about 17 GB of memory and 16 GB of disk at the default 30 M cards (BENCHMARKS.md, "fraud: the
 # case study's full scale").
 #
@@ -45,6 +46,10 @@ echo "stream: $(cat "$dir/push.json")"
 echo "RSS after the stream: $(rss_mib) MiB; data directory $(du -sm "$dir/data" | cut -f1) MiB"
 echo "longest apply pause (snapshot): $(metric_max spate_apply_pause_max_seconds)," \
     "most CPU time in one: $(metric_max spate_apply_pause_cpu_max_seconds)"
+echo "snapshot pauses over 10 ms: $(curl -s "127.0.0.1:$port/metrics" | awk '
+    /^spate_apply_pause_seconds_count\{.*cause="snapshot"/ { all += $2 }
+    /^spate_apply_pause_seconds_bucket\{le="0.01",.*cause="snapshot"/ { within += $2 }
+    END { printf "%d of %d", all - within, all }')"
 echo "snapshots written: $(curl -s "127.0.0.1:$port/metrics" |
     awk '/^spate_snapshot_seconds_count/ {n += $2} END {print n + 0}')"
 stats=$(curl -s "127.0.0.1:$port/fraud/stats")

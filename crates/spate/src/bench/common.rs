@@ -53,7 +53,10 @@ impl Spawned {
             }
         };
         let mut longest = LONGEST_PAUSES.lock().expect("never poisoned");
-        let LongestPauses { wall, cpu } = &mut *longest;
+        let LongestPauses { wall, cpu, counted } = &mut *longest;
+        let scraped = count_pauses(&metrics);
+        counted.all += scraped.all;
+        counted.over_budget += scraped.over_budget;
         for (gauge, longest) in [(PAUSE_GAUGE, wall), (PAUSE_CPU_GAUGE, cpu)] {
             if let Some(pause) = longest_pause(&metrics, gauge)
                 && longest.as_ref().is_none_or(|l| pause.seconds > l.seconds)
@@ -73,24 +76,39 @@ pub struct Pause {
 }
 
 /// The longest pause, and the most CPU time one pause took, of the servers stopped since the last
-/// [`take_longest_pause`].
+/// [`take_longest_pause`], and how many of their pauses passed the budget.
 #[derive(Default)]
 struct LongestPauses {
     wall: Option<Pause>,
     cpu: Option<Pause>,
+    counted: PauseCounts,
+}
+
+/// Pauses of every partition and cause: all of them, and those longer than [`PAUSE_BUDGET_LE`].
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct PauseCounts {
+    all: u64,
+    over_budget: u64,
 }
 
 static LONGEST_PAUSES: std::sync::Mutex<LongestPauses> = std::sync::Mutex::new(LongestPauses {
     wall: None,
     cpu: None,
+    counted: PauseCounts {
+        all: 0,
+        over_budget: 0,
+    },
 });
 
 const PAUSE_GAUGE: &str = "spate_apply_pause_max_seconds";
 const PAUSE_CPU_GAUGE: &str = "spate_apply_pause_cpu_max_seconds";
+const PAUSE_COUNT: &str = "spate_apply_pause_seconds_count{";
+/// The histogram's bucket at the pause budget of issue 17, 10 ms (one of its bounds).
+const PAUSE_BUDGET_LE: &str = "spate_apply_pause_seconds_bucket{le=\"0.01\",";
 
 /// The longest pause of the servers stopped since the last call, as a line for a benchmark's report.
 pub fn take_longest_pause() -> String {
-    let LongestPauses { wall, cpu } =
+    let LongestPauses { wall, cpu, counted } =
         std::mem::take(&mut *LONGEST_PAUSES.lock().expect("never poisoned"));
     let Some(wall) = wall else {
         return "Longest apply pause of this benchmark's servers: none recorded.\n".into();
@@ -110,7 +128,30 @@ pub fn take_longest_pause() -> String {
             cpu.partition
         );
     }
+    line += &format!(
+        "; {} of {} pauses passed 10 ms",
+        counted.over_budget, counted.all
+    );
     line + ".\n"
+}
+
+/// Adds up the pause histogram's counts of a scrape, every partition and cause.
+fn count_pauses(metrics: &str) -> PauseCounts {
+    let value = |line: &str| -> u64 {
+        let value = line.rsplit_once(' ').map_or("", |(_, value)| value.trim());
+        value.parse().unwrap_or(0)
+    };
+    let mut within_budget = 0;
+    let mut counted = PauseCounts::default();
+    for line in metrics.lines() {
+        if line.starts_with(PAUSE_COUNT) {
+            counted.all += value(line);
+        } else if line.starts_with(PAUSE_BUDGET_LE) {
+            within_budget += value(line);
+        }
+    }
+    counted.over_budget = counted.all.saturating_sub(within_budget);
+    counted
 }
 
 /// Parses the largest `<gauge>{partition="P",cause="C"} S` line of a scrape.
@@ -328,5 +369,24 @@ mod tests {
             longest_pause("spate_commands_applied_total 3\n", PAUSE_GAUGE),
             None
         );
+    }
+
+    #[test]
+    fn pauses_over_the_budget_are_counted_over_partitions_and_causes() {
+        let scrape = "spate_apply_pause_seconds_count{partition=\"0\",cause=\"snapshot\"} 40\n\
+            spate_apply_pause_seconds_bucket{le=\"0.005\",partition=\"0\",cause=\"snapshot\"} 30\n\
+            spate_apply_pause_seconds_bucket{le=\"0.01\",partition=\"0\",cause=\"snapshot\"} 37\n\
+            spate_apply_pause_seconds_bucket{le=\"0.025\",partition=\"0\",cause=\"snapshot\"} 40\n\
+            spate_apply_pause_seconds_count{partition=\"1\",cause=\"journal\"} 5\n\
+            spate_apply_pause_seconds_bucket{le=\"0.01\",partition=\"1\",cause=\"journal\"} 4\n\
+            spate_apply_pause_max_seconds{partition=\"1\",cause=\"journal\"} 0.02\n";
+        assert_eq!(
+            count_pauses(scrape),
+            PauseCounts {
+                all: 45,
+                over_budget: 4
+            }
+        );
+        assert_eq!(count_pauses(""), PauseCounts::default());
     }
 }
