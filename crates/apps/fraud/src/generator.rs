@@ -190,6 +190,21 @@ impl HistoryGenerator {
         }
     }
 
+    /// The card the next record belongs to; `None` once every card is drawn.
+    pub fn next_card(&self) -> Option<u32> {
+        (self.card < self.cards_end && self.len > 0).then_some(self.card)
+    }
+
+    /// Replaces `into` with the records of the next card, all of them (a card is stored whole at once).
+    pub fn draw_card(&mut self, into: &mut Vec<Txn>) {
+        assert_eq!(self.index, 0, "a card is drawn from its start");
+        into.clear();
+        if self.next_card().is_some() {
+            let len = self.len as usize;
+            into.extend(self.by_ref().take(len));
+        }
+    }
+
     /// Moves on to card `card` (at most the end) without building the records before it.
     pub fn skip_to(&mut self, card: u32) {
         assert_eq!(self.index, 0, "skipping starts at a card");
@@ -355,5 +370,33 @@ mod tests {
         let mut over = HistoryCursor::start(&seeds);
         over.streams[4] = 1 << 48;
         assert!(HistoryGenerator::resume(&over, 1, 20, now_ms).is_none());
+    }
+
+    #[test]
+    fn cards_drawn_whole_between_skipped_ones_are_those_of_the_whole_history() {
+        let now_ms = 1_800_000_000_000;
+        let seeds = Seeds::default();
+        let whole: Vec<Txn> = HistoryGenerator::new(&seeds, 30, 96, now_ms).collect();
+        let mut generator = HistoryGenerator::new(&seeds, 30, 96, now_ms);
+        let mut drawn = Vec::new();
+        let mut card_txns = Vec::new();
+        while let Some(card) = generator.next_card() {
+            if card % 3 == 1 {
+                generator.skip_to(card + 1);
+            } else {
+                generator.draw_card(&mut card_txns);
+                assert!(
+                    card_txns.len() == 96 && card_txns.iter().all(|t| t.card == u64::from(card))
+                );
+                drawn.extend_from_slice(&card_txns);
+            }
+        }
+        let kept: Vec<Txn> = whole.into_iter().filter(|t| t.card % 3 != 1).collect();
+        assert!(
+            drawn == kept,
+            "the drawn cards, in order, as the whole history has them"
+        );
+        generator.draw_card(&mut card_txns);
+        assert!(card_txns.is_empty(), "nothing is drawn past the end");
     }
 }
