@@ -210,8 +210,10 @@ impl FraudState {
     }
 
     fn import(&mut self, txns: &[Txn]) -> BatchReply {
-        for txn in txns {
-            self.store.store(txn, UNSCORED);
+        // A history file holds each card's records together (the generator's order): a run of one
+        // card's is stored at once.
+        for card_txns in txns.chunk_by(|a, b| a.card == b.card) {
+            self.store.store_card(card_txns, UNSCORED);
         }
         self.stats.imported += txns.len() as u64;
         BatchReply {
