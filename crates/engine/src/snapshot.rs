@@ -261,6 +261,15 @@ impl ChunkSender {
             .map_err(|_| io::Error::other("the thread writing the snapshot's file stopped"))
     }
 
+    /// True while at most half of the chunk queue is taken, so that a step of the snapshot (its budget
+    /// plus what apply forced out since the last one: a few MB) finds room and does not wait for the
+    /// file system. Always true for an unbounded queue.
+    pub fn file_keeps_up(&self) -> bool {
+        self.chunks
+            .capacity()
+            .is_none_or(|capacity| self.chunks.len() * 2 <= capacity)
+    }
+
     /// Sends what is buffered and says that the snapshot is whole.
     pub fn finish(mut self) -> io::Result<()> {
         let last = std::mem::take(&mut self.buffer);
@@ -340,6 +349,10 @@ impl Write for Unpublished {
 impl<W: Write> SectionWriter<W> {
     pub fn into_inner(self) -> W {
         self.inner
+    }
+
+    pub fn get_ref(&self) -> &W {
+        &self.inner
     }
 }
 
@@ -457,6 +470,23 @@ mod tests {
         assert!(
             written.ends_with(&bytes),
             "every byte, in order, after the header"
+        );
+    }
+
+    #[test]
+    fn the_file_keeps_up_while_at_most_half_of_the_queue_is_taken() {
+        let (mut out, file_end) = chunk_pipe(Some(4)).unwrap();
+        assert!(out.get_ref().file_keeps_up());
+        out.inner.write_all(&vec![7; 2 * CHUNK_BYTES]).unwrap();
+        assert!(out.get_ref().file_keeps_up(), "2 of 4 chunks queued");
+        out.inner.write_all(&vec![7; CHUNK_BYTES]).unwrap();
+        assert!(!out.get_ref().file_keeps_up(), "3 of 4 chunks queued");
+        file_end.chunks.recv().unwrap();
+        assert!(out.get_ref().file_keeps_up(), "the file thread took one");
+        let (out, _file_end) = chunk_pipe(None).unwrap();
+        assert!(
+            out.get_ref().file_keeps_up(),
+            "an unbounded queue never fills"
         );
     }
 

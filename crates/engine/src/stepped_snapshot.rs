@@ -92,6 +92,10 @@ impl<W: Write> SteppedSnapshot<W> {
         self.next > self.stepped.len() + 1
     }
 
+    pub fn writer(&self) -> &W {
+        self.out.get_ref()
+    }
+
     /// The writer, and the first error if writing failed (then its bytes are not a snapshot).
     pub fn finish(self) -> (W, Option<String>) {
         (self.out.into_inner(), self.failed)
