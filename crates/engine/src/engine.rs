@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -261,8 +261,10 @@ impl Engine {
     ) -> Result<Self, StartError> {
         let partition_count = config.partitions;
         let data_dir = config.data_dir.clone();
+        let started = Instant::now();
         let (engine, mut projections) =
             Self::prepare(logs.clone(), None, archive_on_disk, config, apps, registry)?;
+        let prepare_ms = started.elapsed().as_millis() as u64;
         // Opening a replicated log takes round trips (fencing the old owner, reading to the end): open
         // every partition's at once.
         let journals = std::thread::scope(|scope| {
@@ -279,6 +281,7 @@ impl Engine {
                 .map(|thread| thread.join().expect("opening a log does not panic"))
                 .collect::<Result<Vec<_>, _>>()
         })?;
+        let open_ms = started.elapsed().as_millis() as u64 - prepare_ms;
         let inner = &engine.handle.inner;
         // Partitions share nothing until they run: restore and replay them side by side, a core each.
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -290,12 +293,20 @@ impl Engine {
         })
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
+        let recover_ms = started.elapsed().as_millis() as u64 - prepare_ms - open_ms;
         for ((core, _), journal) in &recovered {
             // Before the projections run: they start caught up with what the partitions recovered.
             for (projection, _) in &mut projections {
                 projection.catch_up(core.partition, journal.as_ref())?;
             }
         }
+        tracing::info!(
+            prepare_ms,
+            open_ms,
+            recover_ms,
+            catch_up_ms = started.elapsed().as_millis() as u64 - prepare_ms - open_ms - recover_ms,
+            "engine recovered"
+        );
         let engine = engine.run_projections(projections)?;
         for ((core, replayed), journal) in recovered {
             let slot = &engine.handle.inner.slots[usize::from(core.partition)];

@@ -149,14 +149,30 @@ pub(crate) struct SinceSnapshot {
     /// Time spent applying: a small record can stand for much work (one part of a generated fraud
     /// history is 100,000 records), and replay does that work again.
     pub apply_time: Duration,
+    /// Bytes of the newest snapshot whose size is known (written, or restored at start-up; 0 if
+    /// none): the smaller it is, the sooner the next one falls due (`snapshot::journal_bytes_between`).
+    pub snapshot_bytes: u64,
 }
 
 impl SinceSnapshot {
     /// Whether any measure reached its interval divided by `divisor` (1: the snapshot is due).
     fn reached(&self, limits: &Limits, divisor: u32) -> bool {
         self.records >= limits.snapshot_interval_records / u64::from(divisor)
-            || self.journal_bytes >= limits.snapshot_interval_bytes / u64::from(divisor)
+            || self.journal_bytes >= self.journal_bytes_max(limits) / u64::from(divisor)
             || self.apply_time >= limits.snapshot_interval_apply / divisor
+    }
+
+    /// The journal bytes after which the next snapshot falls due.
+    fn journal_bytes_max(&self, limits: &Limits) -> u64 {
+        crate::snapshot::journal_bytes_between(self.snapshot_bytes, limits.snapshot_interval_bytes)
+    }
+
+    /// Counts from a snapshot just begun, whose size is not known yet.
+    fn restart(&mut self) {
+        *self = Self {
+            snapshot_bytes: self.snapshot_bytes,
+            ..Self::default()
+        };
     }
 
     /// Counts one record applied.
@@ -428,7 +444,7 @@ impl PartitionThread {
         let pause = PauseTimer::start();
         if due {
             // Counted from the attempt: one that fails is tried again an interval later.
-            self.since_snapshot = SinceSnapshot::default();
+            self.since_snapshot.restart();
             if let Err(error) = self.begin_snapshot() {
                 tracing::error!(partition = self.core.partition, %error, "snapshot failed");
             }
@@ -727,7 +743,7 @@ impl PartitionThread {
             crate::snapshot::chunk_pipe(Some(SNAPSHOT_CHUNKS_QUEUED)).map_err(|e| e.to_string())?;
         self.start_snapshot_thread(lsn, file_chunks)?;
         self.snapshot = Some(SteppedSnapshot::begin(&mut self.core, out));
-        self.since_snapshot = SinceSnapshot::default();
+        self.since_snapshot.restart();
         Ok(())
     }
 
@@ -768,6 +784,7 @@ impl PartitionThread {
     /// Ends the snapshot in progress: tells its thread to publish it, or to discard it if it failed.
     fn finish_snapshot(&mut self) {
         let snapshot = self.snapshot.take().expect("a snapshot is in progress");
+        self.since_snapshot.snapshot_bytes = snapshot.writer().bytes();
         let (chunks, failed) = snapshot.finish();
         match failed {
             Some(error) => chunks.fail(error),

@@ -53,6 +53,9 @@ pub(crate) struct ProjectionRuntime {
     bytes_since_checkpoint: u64,
     /// Other apps' records passed since the last checkpoint (see `checkpoint_due`).
     passed_since_checkpoint: u64,
+    /// Bytes of the newest checkpoint (0 if none): the smaller the read model, the sooner the next
+    /// one falls due, and the less a restart catches up (`snapshot::journal_bytes_between`).
+    checkpoint_bytes: u64,
     lag: Gauge,
     journal_reads: Counter,
     partitions: Vec<Arc<PartitionShared>>,
@@ -77,6 +80,7 @@ impl ProjectionRuntime {
     ) -> Result<Self, StartError> {
         let mut positions = vec![0; usize::from(partition_count)];
         let path = dir.join(file_name(name));
+        let checkpoint_bytes = std::fs::metadata(&path).map_or(0, |file| file.len());
         if path.exists() {
             let restored = snapshot::open(&path).and_then(|mut input| {
                 let count = input.read_u32_le()?;
@@ -114,6 +118,7 @@ impl ProjectionRuntime {
             since_checkpoint: 0,
             bytes_since_checkpoint: 0,
             passed_since_checkpoint: 0,
+            checkpoint_bytes,
             lag,
             journal_reads,
             partitions,
@@ -229,7 +234,7 @@ impl ProjectionRuntime {
         self.flush();
         let positions = self.next.clone();
         let projection = &self.projection;
-        snapshot::write_atomically(&self.dir, &file_name(self.name), |out| {
+        let path = snapshot::write_atomically(&self.dir, &file_name(self.name), |out| {
             out.write_u32_le(positions.len() as u32)?;
             for position in &positions {
                 out.write_u64_le(*position)?;
@@ -239,6 +244,7 @@ impl ProjectionRuntime {
             out.flush()?;
             out.end_section()
         })?;
+        self.checkpoint_bytes = std::fs::metadata(&path).map_or(0, |file| file.len());
         for (floor, position) in self.floors.iter().zip(&positions) {
             floor.store(*position, Ordering::Release);
         }
@@ -272,12 +278,16 @@ impl ProjectionRuntime {
         }
     }
 
-    /// After `checkpoint_interval_records` (or `checkpoint_interval_bytes`) of this app's records, or
-    /// eight times as many of other apps' (so an idle projection still lets the journal go, without
-    /// rewriting a large read model often).
+    /// After `checkpoint_interval_records` (or `checkpoint_interval_bytes`, less for a small read
+    /// model) of this app's records, or eight times as many of other apps' (so an idle projection
+    /// still lets the journal go, without rewriting a large read model often).
     fn checkpoint_due(&self) -> bool {
         self.since_checkpoint >= self.checkpoint_interval_records
-            || self.bytes_since_checkpoint >= self.checkpoint_interval_bytes
+            || self.bytes_since_checkpoint
+                >= snapshot::journal_bytes_between(
+                    self.checkpoint_bytes,
+                    self.checkpoint_interval_bytes,
+                )
             || self.passed_since_checkpoint
                 >= PASSED_CHECKPOINT_FACTOR * self.checkpoint_interval_records
     }

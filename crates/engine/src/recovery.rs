@@ -142,7 +142,9 @@ pub(crate) fn recover_partition(
     log: &dyn Log,
     snapshot_dir: &Path,
 ) -> Result<(Core, SinceSnapshot), StartError> {
+    let restore_started = Instant::now();
     let mut restored = None;
+    let mut snapshot_bytes = 0;
     for (lsn, path) in snapshot::list(snapshot_dir)? {
         if lsn < log.first_lsn() {
             tracing::warn!(partition, snapshot = %path.display(), "snapshot older than the journal's first record; skipped");
@@ -173,6 +175,7 @@ pub(crate) fn recover_partition(
         }
         match loaded {
             Ok(()) if core.next_lsn == lsn => {
+                snapshot_bytes = std::fs::metadata(&path).map_or(0, |file| file.len());
                 // An older snapshot would not help: it relies on the store for older records.
                 core.archive.check_store().map_err(|error| {
                     StartError::Unrecoverable(format!(
@@ -216,11 +219,16 @@ pub(crate) fn recover_partition(
             )));
         }
     };
+    let restore_ms = restore_started.elapsed().as_millis() as u64;
+    let replay_started = Instant::now();
     let mut events = Vec::new();
     let mut sent = Vec::new();
     let mut archived = Vec::new();
     let from = core.next_lsn;
-    let mut replayed = SinceSnapshot::default();
+    let mut replayed = SinceSnapshot {
+        snapshot_bytes,
+        ..SinceSnapshot::default()
+    };
     log.replay(from, &mut |lsn, kind, body| {
         let corrupt = |reason: String| JournalError::Corrupt {
             path: "journal".into(),
@@ -258,12 +266,17 @@ pub(crate) fn recover_partition(
         Ok(())
     })?;
     debug_assert_eq!(replayed.records, core.next_lsn - from);
+    let replay_ms = replay_started.elapsed().as_millis() as u64;
+    let store_started = Instant::now();
     core.archive.store_recovered()?;
     tracing::info!(
         partition,
         snapshot_lsn = from,
+        restore_ms,
         replayed = replayed.records,
-        replay_ms = replayed.apply_time.as_millis() as u64,
+        replay_ms,
+        replay_apply_ms = replayed.apply_time.as_millis() as u64,
+        store_ms = store_started.elapsed().as_millis() as u64,
         "partition recovered"
     );
     Ok((core, replayed))
