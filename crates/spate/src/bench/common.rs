@@ -229,7 +229,12 @@ pub fn serve(data_dir: &std::path::Path, args: &[String]) -> anyhow::Result<Spaw
         .arg(data_dir)
         .env("SPATE_KEK_FILE", &kek_file)
         .env("SPATE_FRAUD_KEY_FILE", &fraud_key_file)
-        .env("RUST_LOG", "warn")
+        // Warnings only, unless the bench was given a filter (the start-up phases of a restart, for
+        // one, are logged at info).
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
     let mut child = command.spawn().context("starting spate serve")?;
