@@ -1051,3 +1051,58 @@ pub(crate) fn offer(
         Err(TrySendError::Disconnected(request)) => Err((EngineError::ShuttingDown, request)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(snapshot_interval_bytes: u64) -> Limits {
+        Limits {
+            batch_bytes_max: 1 << 20,
+            batch_records_max: 1024,
+            flush_interval: Duration::ZERO,
+            snapshot_interval_records: u64::MAX,
+            snapshot_interval_bytes,
+            snapshot_interval_apply: Duration::MAX,
+            snapshot_step_bytes: 65536,
+            follow_ups_in_flight_max: 1024,
+            resend_interval: None,
+        }
+    }
+
+    fn after(journal_bytes: u64, snapshot_bytes: u64) -> SinceSnapshot {
+        SinceSnapshot {
+            journal_bytes,
+            snapshot_bytes,
+            ..SinceSnapshot::default()
+        }
+    }
+
+    #[test]
+    fn a_small_snapshot_falls_due_sooner_and_its_size_outlives_the_count() {
+        let limits = limits(256 << 20);
+        // A state of 3 MB: due after 64 MiB of journal, late (a quarter) after 16 MiB.
+        assert!(!after((64 << 20) - 1, 3 << 20).reached(&limits, 1));
+        assert!(after(64 << 20, 3 << 20).reached(&limits, 1));
+        assert!(!after((16 << 20) - 1, 3 << 20).reached(&limits, 4));
+        assert!(after(16 << 20, 3 << 20).reached(&limits, 4));
+        // A state of 500 MB: the interval.
+        assert!(!after((256 << 20) - 1, 500 << 20).reached(&limits, 1));
+        assert!(after(256 << 20, 500 << 20).reached(&limits, 1));
+        // A snapshot begun counts from zero, and the size of the one before stands until its own is
+        // known.
+        let mut since = after(300 << 20, 3 << 20);
+        since.apply_time = Duration::from_secs(1);
+        since.records = 7;
+        since.restart();
+        assert_eq!(
+            (
+                since.records,
+                since.journal_bytes,
+                since.apply_time,
+                since.snapshot_bytes
+            ),
+            (0, 0, Duration::ZERO, 3 << 20)
+        );
+    }
+}

@@ -87,7 +87,7 @@ pub struct ServeArgs {
     snapshot_interval_records: Option<u64>,
     /// Journal bytes written between two snapshots of a partition at most, whichever comes first with
     /// --snapshot-interval-records; a small state falls due sooner, after four times its last snapshot's
-    /// size (at least 16 MiB), so that a restart replays little. The journal is released only behind
+    /// size (at least 64 MiB), so that a restart replays little. The journal is released only behind
     /// snapshots [default: 268435456]
     #[arg(long, env = "SPATE_SNAPSHOT_INTERVAL_BYTES")]
     snapshot_interval_bytes: Option<u64>,
@@ -122,7 +122,7 @@ pub struct ServeArgs {
     projection_checkpoint_interval_records: Option<u64>,
     /// Journal bytes of an app's records a projection applies between two checkpoints at most,
     /// whichever comes first with --projection-checkpoint-interval-records; a small read model falls
-    /// due sooner, after four times its last checkpoint's size (at least 16 MiB) [default: 268435456]
+    /// due sooner, after four times its last checkpoint's size (at least 64 MiB) [default: 268435456]
     #[arg(long, env = "SPATE_PROJECTION_CHECKPOINT_INTERVAL_BYTES")]
     projection_checkpoint_interval_bytes: Option<u64>,
     /// Group commits queued for each projection; one further behind reads the journal instead
