@@ -1,5 +1,6 @@
 //! The `spate` command line: parses options and wires the server, the engine and the apps together.
 
+mod allocator;
 mod auth_cli;
 mod bench;
 mod clock;
@@ -58,6 +59,11 @@ fn main() -> anyhow::Result<()> {
         // Colour codes only for a terminal, never in files a log collector reads.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if !allocator::merge_freed_blocks_at_once() {
+        tracing::warn!(
+            "glibc refused to turn fastbins off: large allocations may pause partitions"
+        );
+    }
     match Cli::parse().command {
         Commands::Serve(args) => {
             let (server_config, app_names, app_options) = args.resolve()?;
