@@ -2,7 +2,8 @@
 # fraud at the case study's full scale: CARDS cards x 20 generated in place, COUNT transactions streamed
 # through the acknowledged stream, then the longest apply pause (with the most CPU time one took), how
 # many snapshot pauses passed 10 ms, the server's RSS and data directory, and a restart from kill -9
-# timed until the server answers again.
+# timed until the server answers again, with what each partition restored and replayed (the server's
+# "partition recovered" log lines) and the start-up phases ("engine recovered").
 # Needs about 17 GB of memory and 16 GB of disk at the default 30 M cards (BENCHMARKS.md, "fraud: the
 # case study's full scale").
 #
@@ -20,7 +21,7 @@ stream=18190
 . "$(dirname "$0")/lib/measure.sh"
 
 start() {
-    "$bin" serve --apps fraud --data-dir "$dir/data" --fraud-key-file "$dir/fraud.key" \
+    RUST_LOG=info "$bin" serve --apps fraud --data-dir "$dir/data" --fraud-key-file "$dir/fraud.key" \
         --listen "127.0.0.1:$port" --fraud-stream-listen "127.0.0.1:$stream" \
         --fraud-entries-per-card 20 >"$dir/serve.log" 2>&1 &
     pid=$!
@@ -67,6 +68,7 @@ fi
 begin=$(now)
 start
 echo "restart after ${STOP:-kill -9}: serving after $(seconds_since "$begin") s; RSS $(rss_mib) MiB"
+sed -n 's/.*partition recovered \(.*\)/  \1/p; s/.*engine recovered \(.*\)/  \1/p' "$dir/serve.log"
 after=$(curl -s "127.0.0.1:$port/fraud/stats")
 strip() { echo "$1" | sed -e 's/"rate_per_s":[0-9.]*,\{0,1\}//' -e 's/"history_bytes[a-z_]*":[0-9.e+-]*,\{0,1\}//g'; }
 if [ "$(strip "$stats")" = "$(strip "$after")" ]; then
