@@ -59,9 +59,9 @@ fn main() -> anyhow::Result<()> {
         // Colour codes only for a terminal, never in files a log collector reads.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    if !allocator::merge_freed_blocks_at_once() {
+    if !allocator::keep_only_tiny_blocks_in_fastbins() {
         tracing::warn!(
-            "glibc refused to turn fastbins off: large allocations may pause partitions"
+            "glibc refused to limit its fastbins: large allocations may pause partitions"
         );
     }
     match Cli::parse().command {
