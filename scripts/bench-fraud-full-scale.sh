@@ -68,7 +68,7 @@ fi
 begin=$(now)
 start
 echo "restart after ${STOP:-kill -9}: serving after $(seconds_since "$begin") s; RSS $(rss_mib) MiB"
-sed -n 's/.*partition recovered \(.*\)/  \1/p; s/.*engine recovered \(.*\)/  \1/p' "$dir/serve.log"
+recovery_phases "$dir/serve.log"
 after=$(curl -s "127.0.0.1:$port/fraud/stats")
 strip() { echo "$1" | sed -e 's/"rate_per_s":[0-9.]*,\{0,1\}//' -e 's/"history_bytes[a-z_]*":[0-9.e+-]*,\{0,1\}//g'; }
 if [ "$(strip "$stats")" = "$(strip "$after")" ]; then

@@ -39,7 +39,7 @@ run() {
     echo "$binary: killed after $kill_after_s s; serving again after $(seconds_since "$begin") s"
     kill "$load" 2>/dev/null || true
     wait "$load" 2>/dev/null || true
-    sed -n 's/.*partition recovered \(.*\)/  \1/p; s/.*engine recovered \(.*\)/  \1/p' "$dir/log"
+    recovery_phases "$dir/log"
     kill "$pid"
     wait "$pid" 2>/dev/null || true
     rm -rf "$dir"

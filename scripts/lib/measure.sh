@@ -20,3 +20,7 @@ seconds_since() { printf '%.1f' "$(echo "$(now) - $1" | bc)"; }
 rss_mib() { echo $(($(awk '/VmRSS/ {print $2}' "/proc/$pid/status") / 1024)); }
 # A file's or directory's size on disk; 0 if it does not exist.
 mib() { if [ -e "$1" ]; then du -sm "$1" | cut -f1; else echo 0; fi; }
+# What each partition restored and replayed, and the start-up phases, from a server's log at info.
+recovery_phases() {
+    sed -n 's/.*partition recovered \(.*\)/  \1/p; s/.*engine recovered \(.*\)/  \1/p' "$1"
+}
