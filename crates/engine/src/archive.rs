@@ -109,9 +109,7 @@ impl ArchiveStore {
 
     /// The value stored under `app`'s `key`, whichever command archived it.
     pub fn get_value(&self, app: AppId, key: &[u8]) -> Result<Option<Vec<u8>>, ArchiveError> {
-        Ok(self
-            .get(&full_key(app, key))?
-            .map(|(_, stored)| stored[8..].to_vec()))
+        Ok(with_full_key(app, key, |key| self.get(key))?.map(|(_, stored)| stored[8..].to_vec()))
     }
 
     /// Stores `records`, in LSN order, in one write; not yet synced (see [`Self::persist`]).
@@ -179,11 +177,25 @@ struct SnapshotProgress {
 /// Marks the end of the archive section's blocks of records.
 const END_OF_RECORDS: u32 = u32::MAX;
 
+/// The key a record is kept under: the app, then the app's key. One allocation.
 fn full_key(app: AppId, key: &[u8]) -> Arc<[u8]> {
-    let mut full = Vec::with_capacity(1 + key.len());
-    full.push(app);
-    full.extend_from_slice(key);
-    full.into()
+    std::iter::once(app).chain(key.iter().copied()).collect()
+}
+
+/// The longest app key [`with_full_key`] looks up without allocating.
+const LOOKUP_KEY_BYTES_MAX: usize = 63;
+
+/// Calls `lookup` with the full key of `app`'s `key`, on the stack when it fits: apply looks up a key
+/// for every new ledger transfer, most of them absent, and two allocations per lookup showed in its
+/// profile (BENCHMARKS.md, issue 18).
+fn with_full_key<R>(app: AppId, key: &[u8], lookup: impl FnOnce(&[u8]) -> R) -> R {
+    if key.len() > LOOKUP_KEY_BYTES_MAX {
+        return lookup(&full_key(app, key));
+    }
+    let mut full = [0u8; LOOKUP_KEY_BYTES_MAX + 1];
+    full[0] = app;
+    full[1..=key.len()].copy_from_slice(key);
+    lookup(&full[..=key.len()])
 }
 
 impl Archive {
@@ -218,19 +230,20 @@ impl Archive {
 
     /// The value archived under `key` by the command at `as_of` (so far) or one before it.
     pub fn get(&self, app: AppId, key: &[u8], as_of: Lsn) -> Result<Option<Vec<u8>>, ArchiveError> {
-        let key = full_key(app, key);
-        if let Some((lsn, value)) = self.pending.get(&key) {
-            debug_assert!(*lsn <= as_of, "pending holds only what was applied");
-            return Ok(Some(value.to_vec()));
-        }
-        let Some(store) = &self.store else {
-            return Ok(None);
-        };
-        Ok(match store.get(&key)? {
-            Some((lsn, stored)) if lsn < as_of => Some(stored[8..].to_vec()),
-            // Stored before a crash by a command that replay has not reached again (or is applying,
-            // and has not archived it yet: then it would be in `pending`).
-            _ => None,
+        with_full_key(app, key, |key| {
+            if let Some((lsn, value)) = self.pending.get(key) {
+                debug_assert!(*lsn <= as_of, "pending holds only what was applied");
+                return Ok(Some(value.to_vec()));
+            }
+            let Some(store) = &self.store else {
+                return Ok(None);
+            };
+            Ok(match store.get(key)? {
+                Some((lsn, stored)) if lsn < as_of => Some(stored[8..].to_vec()),
+                // Stored before a crash by a command that replay has not reached again (or is
+                // applying, and has not archived it yet: then it would be in `pending`).
+                _ => None,
+            })
         })
     }
 
@@ -489,6 +502,37 @@ mod tests {
             archive.get(APP, b"k", 6).unwrap().as_deref(),
             Some(&b"v"[..])
         );
+    }
+
+    #[test]
+    fn keys_on_either_side_of_the_lookup_buffer_are_found_in_memory_and_in_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = database(dir.path()).partition(0).unwrap();
+        let mut archive = Archive::new(Some(store.clone()));
+        let lengths = [0, 1, LOOKUP_KEY_BYTES_MAX, LOOKUP_KEY_BYTES_MAX + 1, 300];
+        let keys: Vec<Vec<u8>> = lengths.iter().map(|&n| vec![b'x'; n]).collect();
+        for (lsn, key) in (1..).zip(&keys) {
+            archive.put(APP, lsn, key, key);
+        }
+        for key in &keys {
+            assert_eq!(
+                archive.get(APP, key, 10).unwrap().as_deref(),
+                Some(&key[..])
+            );
+        }
+        store_all(&mut archive, 10);
+        assert_eq!(archive.pending_count(), 0);
+        for key in &keys {
+            assert_eq!(
+                archive.get(APP, key, 10).unwrap().as_deref(),
+                Some(&key[..])
+            );
+            assert_eq!(
+                store.get_value(APP, key).unwrap().as_deref(),
+                Some(&key[..])
+            );
+        }
+        assert_eq!(archive.get(APP, &[b'x'; 2], 10).unwrap(), None);
     }
 
     #[test]

@@ -29,6 +29,17 @@ pub fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
     postcard::to_stdvec(value).expect("ledger values always encode")
 }
 
+/// Encodes `value` at the end of `out`. Apply encodes each event and archived record into one scratch
+/// buffer, and its reply straight into the engine's: `encode` would grow a new buffer for each from
+/// empty, and those reallocations were an eighth of a batch's apply (BENCHMARKS.md, issue 18).
+pub fn encode_into<T: serde::Serialize>(value: &T, out: &mut Vec<u8>) {
+    postcard::to_io(value, out).expect("ledger values always encode");
+}
+
+/// Room for what apply encodes into its scratch buffer: a transfer with long names, or a chunk of
+/// entries, grows it once.
+const SCRATCH_BYTES: usize = 512;
+
 pub fn decode<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, postcard::Error> {
     postcard::from_bytes(bytes)
 }
@@ -82,22 +93,32 @@ pub fn decode_archived<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> T {
     decode(bytes).expect("the ledger archives only what it encoded")
 }
 
-/// The domain's archive is the engine's, on this partition.
-struct EngineArchive<'e, 'a>(&'e mut Effects<'a>);
+/// The domain's archive is the engine's, on this partition. What it archives is encoded in the
+/// command's scratch buffer.
+struct EngineArchive<'e, 'a> {
+    effects: &'e mut Effects<'a>,
+    scratch: &'e mut Vec<u8>,
+}
+
+impl EngineArchive<'_, '_> {
+    fn put<T: serde::Serialize>(&mut self, key: &[u8], value: &T) {
+        self.scratch.clear();
+        encode_into(value, self.scratch);
+        self.effects.archive(key, self.scratch);
+    }
+}
 
 impl LedgerArchive for EngineArchive<'_, '_> {
     fn put_transfer(&mut self, transfer: &Transfer) {
-        let key = transfer_archive_key(transfer.spec.id);
-        self.0.archive(&key, &encode(transfer));
+        self.put(&transfer_archive_key(transfer.spec.id), transfer);
     }
 
     fn transfer(&self, id: TransferId) -> Option<Transfer> {
-        (self.0.archived(&transfer_archive_key(id))).map(|bytes| decode_archived(&bytes))
+        (self.effects.archived(&transfer_archive_key(id))).map(|bytes| decode_archived(&bytes))
     }
 
     fn put_entries(&mut self, participant: &str, chunk: u64, entries: &[Entry]) {
-        let key = entries_archive_key(participant, chunk);
-        self.0.archive(&key, &encode(&entries));
+        self.put(&entries_archive_key(participant, chunk), &entries);
     }
 }
 
@@ -140,14 +161,20 @@ impl StateMachine for LedgerState {
                 let here = |owner: &Owner| {
                     spate_engine::partition_of(&owner_key(owner), partition_count) == here_partition
                 };
+                let mut scratch = Vec::with_capacity(SCRATCH_BYTES);
                 let mut context = Context {
                     now_ms: command.envelope.timestamp_ms,
                     here: &here,
-                    archive: &mut EngineArchive(effects),
+                    archive: &mut EngineArchive {
+                        effects: &mut *effects,
+                        scratch: &mut scratch,
+                    },
                 };
                 let out = self.ledger.apply(decoded, &mut context);
                 for event in &out.events {
-                    effects.emit(&encode::<Event>(event));
+                    scratch.clear();
+                    encode_into::<Event>(event, &mut scratch);
+                    effects.emit(&scratch);
                 }
                 let grouped = group_follow_ups(out.follow_ups, |owner| {
                     effects.partition_of(&owner_key(owner))
@@ -158,7 +185,7 @@ impl StateMachine for LedgerState {
                 out.reply.expect("the domain answers every command")
             }
         };
-        effects.reply().extend_from_slice(&encode(&reply));
+        encode_into(&reply, effects.reply());
     }
 
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
