@@ -104,7 +104,9 @@ pub(super) fn validation(message: impl Into<String>) -> ApiError {
 
 /// A JSON body under any content type: FSPIOP clients send `application/vnd.interoperability.*+json`.
 /// What does not parse is a 3100 naming the problem.
-pub(super) fn parse_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+pub(super) fn parse_body<'body, T: serde::Deserialize<'body>>(
+    body: &'body Bytes,
+) -> Result<T, ApiError> {
     spate_server::api::from_json_object(body)
         .map_err(|e| validation(format!("invalid JSON body: {e}")))
 }
