@@ -11,17 +11,16 @@ use std::io;
 
 /// The key whose partition owns `owner`: transfers by id, participants by name, in separate spaces.
 pub fn owner_key(owner: &Owner) -> Vec<u8> {
+    // One allocation of the key's size: apply makes a few keys per transfer.
+    let key = |space: u8, rest: &[u8]| {
+        let mut key = Vec::with_capacity(1 + rest.len());
+        key.push(space);
+        key.extend_from_slice(rest);
+        key
+    };
     match owner {
-        Owner::Transfer(id) => {
-            let mut key = vec![b't'];
-            key.extend_from_slice(&id.to_le_bytes());
-            key
-        }
-        Owner::Participant(name) => {
-            let mut key = vec![b'p'];
-            key.extend_from_slice(name.as_bytes());
-            key
-        }
+        Owner::Transfer(id) => key(b't', &id.to_le_bytes()),
+        Owner::Participant(name) => key(b'p', name.as_bytes()),
     }
 }
 
