@@ -352,3 +352,31 @@ async fn share_replies(
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operations_are_borrowed_from_the_body_as_sent_and_their_escapes_read_once_parsed() {
+        let body = Bytes::from_static(
+            br#"{"operations": [{"fulfil": {"transferId": "\u0061b", "source": "p\"q"}}, 7 , "x"]}"#,
+        );
+        let Batch { operations } = parse_body(&body).unwrap();
+        let texts: Vec<&str> = operations.iter().map(|op| op.get()).collect();
+        assert_eq!(
+            texts,
+            [r#"{"fulfil": {"transferId": "\u0061b", "source": "p\"q"}}"#, "7", r#""x""#]
+        );
+        let JsonObject(operation) =
+            serde_json::from_str::<JsonObject<BatchOperation>>(texts[0]).unwrap();
+        let BatchOperation::Fulfil(completion) = operation else {
+            panic!("a fulfil");
+        };
+        assert_eq!(
+            (completion.transfer_id.as_str(), completion.source.as_str()),
+            ("ab", "p\"q")
+        );
+        assert!(serde_json::from_str::<JsonObject<BatchOperation>>(texts[1]).is_err());
+    }
+}
