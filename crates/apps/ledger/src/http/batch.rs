@@ -366,7 +366,11 @@ mod tests {
         let texts: Vec<&str> = operations.iter().map(|op| op.get()).collect();
         assert_eq!(
             texts,
-            [r#"{"fulfil": {"transferId": "\u0061b", "source": "p\"q"}}"#, "7", r#""x""#]
+            [
+                r#"{"fulfil": {"transferId": "\u0061b", "source": "p\"q"}}"#,
+                "7",
+                r#""x""#
+            ]
         );
         let JsonObject(operation) =
             serde_json::from_str::<JsonObject<BatchOperation>>(texts[0]).unwrap();

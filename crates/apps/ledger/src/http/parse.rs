@@ -8,7 +8,7 @@ use axum::body::Bytes;
 use axum::http::StatusCode;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 use spate_server::ApiError;
 use spate_server::api::{NOT_DOT_SEGMENTS, reachable_in_a_path};
 use utoipa::openapi::{ObjectBuilder, RefOr, Schema, Type};
@@ -268,18 +268,20 @@ pub(super) fn transfer_spec(body: &Prepare) -> Result<TransferSpec, ApiError> {
     }
     let condition = parse_32_bytes("condition", &body.condition)?;
     let expiration_ms = parse_time_ms("expiration", &body.expiration)?;
-    // Everything the request says, so a resend is told from a modified request.
-    let canonical = serde_json::to_vec(&json!([
-        body.transfer_id,
-        body.payer_fsp,
-        body.payee_fsp,
-        body.amount.currency,
+    // Everything the request says, so a resend is told from a modified request: the hash of a JSON
+    // array of these values, which journals, snapshots and the archive keep. Written straight from the
+    // fields, not through a `json!` tree of their copies (a tenth of a batch's parse).
+    let canonical = serde_json::to_vec(&(
+        &body.transfer_id,
+        &body.payer_fsp,
+        &body.payee_fsp,
+        &body.amount.currency,
         amount.to_string(),
-        body.condition,
+        &body.condition,
         expiration_ms,
-        body.ilp_packet,
-        body.extension_list,
-    ]))
+        &body.ilp_packet,
+        &body.extension_list,
+    ))
     .expect("JSON encodes");
     Ok(TransferSpec {
         id,
@@ -291,4 +293,50 @@ pub(super) fn transfer_spec(body: &Prepare) -> Result<TransferSpec, ApiError> {
         expiration_ms,
         content_hash: xxhash_rust::xxh3::xxh3_64(&canonical),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The content hash is kept in journals, snapshots and the archive: a resend after an upgrade
+    /// must hash as the first prepare did, when the array was built with `json!`.
+    #[test]
+    fn the_content_hash_is_that_of_the_json_array_of_the_prepare() {
+        let bodies = [
+            json!({"transferId": "0b3f8e7a-6a2c-4c1e-9d1b-2f6f3b1f9a10", "payerFsp": "dfsp1",
+                "payeeFsp": "dfsp2", "amount": {"currency": "USD", "amount": "12.5"},
+                "condition": "47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU",
+                "expiration": "2030-01-01T00:00:00.000Z"}),
+            json!({"transferId": "0b3f8e7a-6a2c-4c1e-9d1b-2f6f3b1f9a11", "payerFsp": "fsp.a-1",
+                "payeeFsp": "fsp_b", "amount": {"currency": "EUR", "amount": "7"},
+                "condition": "47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU",
+                "expiration": "2030-01-01T00:00:00+02:00", "ilpPacket": "AYIB\"gQ\\",
+                "extensionList": {"extension": [{"value": "\u{e9}\n", "key": "z"}, {"key": "a"}]}}),
+        ];
+        for body in bodies {
+            let prepare: Prepare = serde_json::from_value(body.clone()).unwrap();
+            let amount = amount::parse(&prepare.amount.amount, &prepare.amount.currency).unwrap();
+            let expiration_ms = parse_time_ms("expiration", &prepare.expiration).unwrap();
+            let as_built_before = serde_json::to_vec(&json!([
+                prepare.transfer_id,
+                prepare.payer_fsp,
+                prepare.payee_fsp,
+                prepare.amount.currency,
+                amount.to_string(),
+                prepare.condition,
+                expiration_ms,
+                prepare.ilp_packet,
+                prepare.extension_list,
+            ]))
+            .unwrap();
+            let spec = transfer_spec(&prepare).unwrap_or_else(|_| panic!("valid: {body}"));
+            assert_eq!(
+                spec.content_hash,
+                xxhash_rust::xxh3::xxh3_64(&as_built_before),
+                "{body}"
+            );
+        }
+    }
 }
