@@ -31,6 +31,11 @@ use tokio::sync::mpsc;
 /// Latencies above this are recorded as this (they are also timeouts unless the timeout is larger).
 const LATENCY_US_MAX: u64 = 60_000_000;
 
+/// Most scheduled requests of an open loop waiting for a free connection. When it is full the pacer
+/// waits too; a request keeps its scheduled time however late it is handed out, so its latency still
+/// counts from then.
+const SCHEDULED_REQUESTS_MAX: usize = 1 << 16;
+
 /// One HTTP request of a scenario.
 #[derive(Debug, Clone)]
 pub struct HttpRequest {
@@ -102,7 +107,7 @@ pub trait Scenario: Send + Sync + 'static {
 pub enum Pace {
     /// Each connection sends as soon as its previous reply arrived.
     Closed,
-    /// `rate_per_s` requests per second in all, spread evenly over the connections.
+    /// `rate_per_s` requests per second in all, each sent by whichever connection is free first.
     Open { rate_per_s: f64 },
 }
 
@@ -206,21 +211,21 @@ pub async fn run(config: LoadConfig, scenario: Arc<dyn Scenario>) -> Report {
     });
     let (seconds_tx, mut seconds_rx) = mpsc::unbounded_channel::<SecondSlice>();
     let progress = spawn_progress(&shared);
-    let mut schedules = match shared.config.pace {
-        Pace::Closed => Vec::new(),
-        Pace::Open { rate_per_s } => start_pacer(&shared, started, rate_per_s),
+    let schedule = match shared.config.pace {
+        Pace::Closed => None,
+        Pace::Open { rate_per_s } => Some(start_pacer(&shared, started, rate_per_s)),
     };
-    schedules.reverse();
     let workers: Vec<_> = (0..shared.config.connections)
         .map(|worker| {
             tokio::spawn(run_worker(
                 shared.clone(),
                 worker,
-                schedules.pop(),
+                schedule.clone(),
                 seconds_tx.clone(),
             ))
         })
         .collect();
+    drop(schedule);
     drop(seconds_tx);
     let mut per_second: BTreeMap<u64, SecondSlice> = BTreeMap::new();
     let collect = async {
@@ -396,43 +401,43 @@ async fn exchange(
     }
 }
 
-/// Open loop: one thread releases every request at its scheduled time, round-robin over the workers.
+/// An open loop's requests due and not yet taken, by their scheduled send times. Idle workers wait in
+/// turn (tokio's mutex is fair) and the one holding the lock takes the next request due, so a request
+/// goes out on whichever connection is free first, as from a client's pool of connections: one slow
+/// reply delays only its own request, not those that would have been dealt to its connection.
+type Schedule = tokio::sync::Mutex<mpsc::Receiver<Instant>>;
+
+/// Open loop: one thread releases every request at its scheduled time into the shared schedule.
 /// A thread of its own rather than tokio's timer, whose 1 ms resolution would send each request up to a
 /// millisecond late; `thread::sleep` overshoots by tens of microseconds, and a request that is due
-/// goes out at once. A worker that falls behind finds its requests queued, and their latency counts from
-/// the scheduled time. Returns one schedule per worker.
-fn start_pacer(
-    shared: &Arc<Shared>,
-    started: Instant,
-    rate_per_s: f64,
-) -> Vec<mpsc::UnboundedReceiver<Instant>> {
-    let workers = shared.config.connections as usize;
-    let (senders, receivers): (Vec<_>, Vec<_>) =
-        (0..workers).map(|_| mpsc::unbounded_channel()).unzip();
+/// goes out at once. When no connection is free, requests queue, and their latency counts from the
+/// scheduled time.
+fn start_pacer(shared: &Arc<Shared>, started: Instant, rate_per_s: f64) -> Arc<Schedule> {
+    let (sender, receiver) = mpsc::channel(SCHEDULED_REQUESTS_MAX);
     let interval = Duration::from_secs_f64(1.0 / rate_per_s);
     let end = shared.measure_until;
     std::thread::spawn(move || {
-        let mut open = workers;
         for index in 0u64.. {
             let at = started + interval.mul_f64(index as f64);
-            if end.is_some_and(|end| at >= end) || open == 0 {
+            if end.is_some_and(|end| at >= end) {
                 break;
             }
             if let Some(wait) = at.checked_duration_since(Instant::now()) {
                 std::thread::sleep(wait);
             }
-            if senders[index as usize % workers].send(at).is_err() {
-                open -= 1;
+            // Every worker is done (a request count was reached): nothing takes requests any more.
+            if sender.blocking_send(at).is_err() {
+                break;
             }
         }
     });
-    receivers
+    Arc::new(tokio::sync::Mutex::new(receiver))
 }
 
 async fn run_worker(
     shared: Arc<Shared>,
     worker: u32,
-    mut schedule: Option<mpsc::UnboundedReceiver<Instant>>,
+    schedule: Option<Arc<Schedule>>,
     seconds: mpsc::UnboundedSender<SecondSlice>,
 ) -> WorkerResult {
     let config = &shared.config;
@@ -449,8 +454,8 @@ async fn run_worker(
     let mut link: Option<Link> = None;
     let mut seq = 0u64;
     loop {
-        let scheduled = match schedule.as_mut() {
-            Some(schedule) => match schedule.recv().await {
+        let scheduled = match &schedule {
+            Some(schedule) => match schedule.lock().await.recv().await {
                 Some(at) => at,
                 None => break,
             },

@@ -133,3 +133,27 @@ async fn open_loop_charges_a_stall_to_every_request_scheduled_during_it() {
     );
     assert!(report.latency.max_us >= 400_000);
 }
+
+#[tokio::test]
+async fn open_loop_sends_each_request_on_whichever_connection_is_free() {
+    let target = serve().await;
+    // 200 requests/s over 4 connections for 1 s; request 20 stalls 500 ms. Dealt round-robin, the
+    // stalled connection's next 25 requests would wait behind it; taken by free connections, only the
+    // stalled one is slow.
+    let report = run(
+        config(target, Pace::Open { rate_per_s: 200.0 }, 200),
+        Arc::new(Path("/stall-once")),
+    )
+    .await;
+    assert_eq!((report.requests, report.ok), (200, 200));
+    assert!(
+        report.latency.max_us >= 400_000,
+        "the stalled request shows: max {} us",
+        report.latency.max_us
+    );
+    assert!(
+        report.latency.p99_us < 150_000,
+        "no request waits behind another's connection: p99 {} us",
+        report.latency.p99_us
+    );
+}

@@ -132,16 +132,12 @@ pub struct PaymentsBench {
     /// payments: closed-loop runs of authorizations; the report quotes their median
     #[arg(long, default_value_t = 3)]
     pub payments_runs: usize,
-    /// payments: connections of the closed-loop runs
+    /// payments: connections of the closed-loop and the open-loop runs
     #[arg(long, default_value_t = 64)]
     pub payments_connections: u32,
     /// payments: shares of the median peak offered in the open-loop runs
     #[arg(long, value_delimiter = ',', default_values_t = [0.5f64, 0.8])]
     pub payments_open_shares: Vec<f64>,
-    /// payments: connections of the open-loop runs. More connections cost the load generator's pacer
-    /// CPU on the server's two cores; fewer cap the rate at 80% of the peak (BENCHMARKS.md)
-    #[arg(long, default_value_t = 32)]
-    pub payments_open_connections: u32,
     /// payments: pending captures settled into files in the settlement run
     #[arg(long, default_value_t = 1_000_000)]
     pub payments_settle_captures: u64,

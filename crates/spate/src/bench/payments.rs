@@ -60,7 +60,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
     let median = sorted[sorted.len() / 2];
     for (index, share) in settings.payments_open_shares.iter().enumerate() {
         let mut open = LoadArgs::new("payments", "authorize", &server.http);
-        open.connections = settings.payments_open_connections;
+        open.connections = settings.payments_connections;
         open.duration_s = args.duration_s;
         open.cards = 1_000_000;
         open.seed = 100 + index as u64;
@@ -134,12 +134,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
         "## payments: authorizations with fraud scoring, tax, card encryption and a durable journal\n\n\
          Each authorization is one `POST /v1/payments` with an Idempotency-Key, cards drawn from 1,000,000, \
          the built-in merchants and tax lines in turn; a decline (402) is an answer. Closed loop on {} \
-         connections, {} runs; open loop on {} connections; the mix closed loop on {MIX_CONNECTIONS}.\n\n{}\n\
+         connections, {} runs, then open loop on as many; the mix closed loop on {MIX_CONNECTIONS}.\n\n{}\n\
          - median: **{median:.0} authorizations/s**, {:.0}x the seed's {SEED_PER_S:.0}/s; server CPU {:.0} µs \
          per authorization (median of the runs)\n",
         settings.payments_connections,
         settings.payments_runs,
-        settings.payments_open_connections,
         load_table(&refs),
         median / SEED_PER_S,
         cpu_sorted[cpu_sorted.len() / 2],

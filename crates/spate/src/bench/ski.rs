@@ -3,9 +3,8 @@
 //! 1. For each total (200,000 and 500,000 by default): 32 connections x 1,000 POSTs, then the rest with
 //!    168 connections, closed loop, as the course's client ran them (each connection one client thread).
 //!    Throughput is the total over the wall time of both phases, as the seed's client reported it.
-//! 2. Open loop at shares of the 168-connection rate, so latency is measured at a fixed offered load
-//!    (over 32 connections: the open-loop pacer costs the load generator CPU per connection, and it
-//!    shares the two cores with the server).
+//! 2. Open loop at shares of the 168-connection rate, so latency is measured at a fixed offered load,
+//!    over the same 168 connections (each request goes out on whichever is free).
 //! 3. Queries (the seed's four questions and the spec's GETs) in open loop while POSTs run in closed
 //!    loop over 32 connections (the seed's first phase) and over 168; and queries alone.
 //!
@@ -222,7 +221,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
 
     let mut open = Vec::new();
     for (run, share) in OPEN_LOOP_SHARES.into_iter().enumerate() {
-        let mut load = rides(&base, FIRST_PHASE_CONNECTIONS, 100 + run as u64);
+        let mut load = rides(&base, settings.ski_connections, 100 + run as u64);
         load.rate = Some(peak * share);
         load.duration_s = args.duration_s;
         let stem = format!("ski-rides-open-{:.0}", share * 100.0);
