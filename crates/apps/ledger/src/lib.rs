@@ -16,6 +16,7 @@ mod http;
 mod model;
 mod snapshot;
 mod state;
+mod waiters;
 
 #[cfg(test)]
 mod tests;
@@ -24,7 +25,7 @@ pub use http::{BATCH_OPERATIONS_MAX, ROUTE_ACCESS};
 
 use spate_engine::AppSpec;
 use spate_server::AppModule;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
 pub const APP_ID: spate_engine::AppId = 2;
 pub const APP_NAME: &str = "ledger";
@@ -39,7 +40,7 @@ pub const OPEN_TRANSFERS_MAX_DEFAULT: u64 = 10_000_000;
 /// replay its journal into the same memory.
 pub fn module(open_transfers_max: u64) -> AppModule {
     let model = Arc::new(RwLock::new(model::LedgerModel::default()));
-    let waiters: model::Waiters = Arc::new(Mutex::new(Default::default()));
+    let waiters = Arc::new(waiters::Waiters::default());
     let spec = AppSpec {
         id: APP_ID,
         name: APP_NAME,

@@ -5,12 +5,12 @@
 
 use crate::domain::{Amount, Command, Event, Name, TransferId, TransferSpec, TransferState};
 use crate::state::{decode, encode, read_prefixed, write_prefixed};
+use crate::waiters::Waiters;
 use serde::{Deserialize, Serialize};
 use spate_engine::{Lsn, PartitionId, Projection};
 use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::sync::{Arc, Mutex, RwLock};
-use tokio::sync::oneshot;
+use std::sync::{Arc, RwLock};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ParticipantView {
@@ -114,12 +114,9 @@ impl LedgerModel {
     }
 }
 
-/// Requests waiting for a transfer to leave RECEIVED.
-pub type Waiters = Arc<Mutex<HashMap<TransferId, Vec<oneshot::Sender<TransferState>>>>>;
-
 pub struct LedgerProjection {
     pub model: Arc<RwLock<LedgerModel>>,
-    pub waiters: Waiters,
+    pub waiters: Arc<Waiters>,
 }
 
 impl Projection for LedgerProjection {
@@ -144,14 +141,7 @@ impl Projection for LedgerProjection {
             .expect("the ledger model lock is never poisoned")
             .apply(event);
         if let Some((id, state)) = settled {
-            let waiting = self
-                .waiters
-                .lock()
-                .expect("the waiters lock is never poisoned")
-                .remove(&id);
-            for waiter in waiting.into_iter().flatten() {
-                let _ = waiter.send(state);
-            }
+            self.waiters.settle(id, state);
         }
         Ok(())
     }

@@ -5,7 +5,7 @@ use super::parse::{
     transfer_spec, validation,
 };
 use super::{
-    BatchResult, Ctx, Ledger, RESERVATION_WAIT, TAG, Waiting, failed_operation, prepare_command,
+    BatchResult, Ctx, Ledger, RESERVATION_WAIT, TAG, failed_operation, prepare_command,
     reservation_refusal, transfer_outcome, unexpected,
 };
 use crate::APP_ID;
@@ -275,14 +275,7 @@ pub(super) async fn batch(
         prepared,
         shares,
     } = run_heavy(heavy, move || plan_batch(&planning, &body, &scope)).await?;
-    let (_waiting, receivers) = Waiting::register(
-        &ledger.waiters,
-        prepared.iter().map(|&(_, id)| id).collect(),
-    );
-    let mut reservations: Vec<Option<_>> = (0..results.len()).map(|_| None).collect();
-    for ((slot, _), receiver) in prepared.into_iter().zip(receivers) {
-        reservations[slot] = Some(receiver);
-    }
+    let registration = ledger.waiters.register(results.len(), prepared);
     // Queue every share first, so the partitions work in parallel, then collect the answers.
     let queued: Vec<_> = shares
         .into_iter()
@@ -294,6 +287,8 @@ pub(super) async fn batch(
         })
         .collect();
     let deadline = tokio::time::Instant::now() + RESERVATION_WAIT;
+    // Prepares answered RECEIVED: their results wait for their reservations.
+    let mut receiving: Vec<(usize, TransferId)> = Vec::new();
     for (slots, queued) in queued {
         let replies = match share_replies(queued, slots.len()).await {
             Ok(replies) => replies,
@@ -307,13 +302,8 @@ pub(super) async fn batch(
         for ((slot, id), reply) in slots.into_iter().zip(replies) {
             let outcome = match reply {
                 Reply::Transfer(_, TransferState::Received) => {
-                    let reservation = reservations[slot]
-                        .take()
-                        .expect("only prepares answer RECEIVED");
-                    match tokio::time::timeout_at(deadline, reservation).await {
-                        Ok(Ok(state)) => Ok(state),
-                        _ => Ok(TransferState::Received),
-                    }
+                    receiving.push((slot, id));
+                    continue;
                 }
                 Reply::Transfer(_, state) => Ok(state),
                 Reply::Refused(refusal) => Err(refusal),
@@ -321,6 +311,13 @@ pub(super) async fn batch(
             };
             results[slot] = Some(batch_result(id, outcome));
         }
+    }
+    let waited: Vec<usize> = receiving.iter().map(|&(slot, _)| slot).collect();
+    registration.wait_for(&waited, deadline).await;
+    for (slot, id) in receiving {
+        // Those still unsettled at the deadline are answered RECEIVED.
+        let state = registration.state(slot).unwrap_or(TransferState::Received);
+        results[slot] = Some(batch_result(id, Ok(state)));
     }
     let results: Vec<BatchResult> = results
         .into_iter()

@@ -16,11 +16,12 @@ use crate::domain::{
     AbortReason, Amount, Command, Entry, ErrorCode, Name, Refusal, Reply, Transfer, TransferId,
     TransferSpec, TransferState,
 };
-use crate::model::{LedgerModel, STATE_NAMES, Waiters};
+use crate::model::{LedgerModel, STATE_NAMES};
 use crate::state::{
     LedgerState, decode, decode_archived, encode, entries_archive_key, owner_key,
     transfer_archive_key,
 };
+use crate::waiters::Waiters;
 use crate::{APP_ID, domain::Owner};
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -56,7 +57,7 @@ const TAG: &str = "ledger";
 struct Ledger {
     engine: EngineHandle,
     model: Arc<RwLock<LedgerModel>>,
-    waiters: Waiters,
+    waiters: Arc<Waiters>,
     /// New prepares are refused while the read model counts this many open transfers.
     open_transfers_max: u64,
 }
@@ -540,50 +541,6 @@ async fn list_participants(State(ledger): Ctx) -> Response {
     json(StatusCode::OK, &answer)
 }
 
-/// Prepares waiting for their reservations; each waiter is removed when the request is done with it,
-/// answered or not.
-struct Waiting<'a> {
-    waiters: &'a Waiters,
-    ids: Vec<TransferId>,
-}
-
-impl<'a> Waiting<'a> {
-    /// Registers a waiter per id, before the prepares are submitted, so no answer can be missed.
-    fn register(
-        waiters: &'a Waiters,
-        ids: Vec<TransferId>,
-    ) -> (Self, Vec<tokio::sync::oneshot::Receiver<TransferState>>) {
-        let mut map = waiters.lock().expect("the waiters lock is never poisoned");
-        let receivers = ids
-            .iter()
-            .map(|id| {
-                let (sender, receiver) = tokio::sync::oneshot::channel();
-                map.entry(*id).or_default().push(sender);
-                receiver
-            })
-            .collect();
-        drop(map);
-        (Self { waiters, ids }, receivers)
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        let mut waiters = self
-            .waiters
-            .lock()
-            .expect("the waiters lock is never poisoned");
-        for id in &self.ids {
-            if let Some(list) = waiters.get_mut(id) {
-                list.retain(|sender| !sender.is_closed());
-                if list.is_empty() {
-                    waiters.remove(id);
-                }
-            }
-        }
-    }
-}
-
 /// The refusal a settled prepare ended in, if any.
 fn reservation_refusal(state: TransferState) -> Option<Refusal> {
     match state {
@@ -653,8 +610,7 @@ async fn prepare(
         scope.permits(&source_of(&headers)?)?;
     }
     let id = spec.id;
-    let (_waiting, mut reservations) = Waiting::register(&ledger.waiters, vec![id]);
-    let reservation = reservations.pop().expect("one waiter per id");
+    let registration = ledger.waiters.register(1, vec![(0, id)]);
     let command = prepare_command(
         &ledger
             .model
@@ -665,11 +621,10 @@ async fn prepare(
     )?;
     match ledger.submit(&Owner::Transfer(id), &command).await? {
         Reply::Transfer(_, TransferState::Received) => {
-            match tokio::time::timeout(RESERVATION_WAIT, reservation).await {
-                Ok(Ok(state)) => settled(id, state),
-                // Still on its way: the client asks again with GET, as FSPIOP clients do.
-                _ => settled(id, TransferState::Received),
-            }
+            let deadline = tokio::time::Instant::now() + RESERVATION_WAIT;
+            registration.wait_for(&[0], deadline).await;
+            // Still on its way if unsettled: the client asks again with GET, as FSPIOP clients do.
+            settled(id, registration.state(0).unwrap_or(TransferState::Received))
         }
         Reply::Transfer(_, state) => settled(id, state),
         Reply::Refused(refusal) => Err(refusal_error(refusal)),
@@ -936,7 +891,7 @@ pub const ROUTE_ACCESS: RouteAccess = RouteAccess {
 pub(crate) fn routes(
     engine: EngineHandle,
     model: Arc<RwLock<LedgerModel>>,
-    waiters: Waiters,
+    waiters: Arc<Waiters>,
     open_transfers_max: u64,
 ) -> AppRouter {
     // Tells every partition the time, so due transfers expire without traffic; only while some are
