@@ -266,6 +266,58 @@ pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     Ok(ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
 }
 
+/// Server CPU and load-generator CPU (this process: the load runs in it) per request of one run.
+/// Both share the machine's cores, so a target a run misses may be the generator's CPU as well as the
+/// server's.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuPerRequest {
+    pub server_us: f64,
+    pub generator_us: f64,
+}
+
+impl CpuPerRequest {
+    /// As a report's line says it.
+    pub fn describe(&self) -> String {
+        format!(
+            "server CPU {:.0} µs, load generator CPU {:.0} µs per request",
+            self.server_us, self.generator_us
+        )
+    }
+}
+
+/// The CPU time of a server and of this process when a run started.
+pub struct CpuMeter {
+    server_pid: u32,
+    server_s: f64,
+    generator_s: f64,
+}
+
+impl CpuMeter {
+    pub fn start(server_pid: u32) -> anyhow::Result<Self> {
+        Ok(Self {
+            server_pid,
+            server_s: cpu_seconds(server_pid)?,
+            generator_s: cpu_seconds(std::process::id())?,
+        })
+    }
+
+    /// Each process's CPU since the start over the requests `report` counts, warm-up included (sent
+    /// at the same rate).
+    pub fn per_request(
+        &self,
+        report: &spate_load::Report,
+        warmup_s: f64,
+    ) -> anyhow::Result<CpuPerRequest> {
+        let requests = (report.achieved_rate_per_s * (report.measured_seconds + warmup_s)).max(1.0);
+        let server_s = cpu_seconds(self.server_pid)? - self.server_s;
+        let generator_s = cpu_seconds(std::process::id())? - self.generator_s;
+        Ok(CpuPerRequest {
+            server_us: server_s * 1e6 / requests,
+            generator_us: generator_s * 1e6 / requests,
+        })
+    }
+}
+
 pub fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let line = status

@@ -4,7 +4,7 @@
 //! server of its own so the spool holds exactly the captures the benchmark made.
 
 use super::args::BenchArgs;
-use super::common::{cpu_seconds, load_table, start_server};
+use super::common::{CpuMeter, load_table, start_server};
 use crate::load::args::LoadArgs;
 use crate::load::common::write_outputs;
 use crate::load::load_http;
@@ -45,11 +45,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
         load.cards = 1_000_000;
         load.seed = run as u64 + 1;
         eprintln!("payments: authorizations, run {run} ...");
-        let cpu_before = cpu_seconds(server.pid())?;
+        let meter = CpuMeter::start(server.pid())?;
         let report = load_http(&load)?;
-        let cpu_s = cpu_seconds(server.pid())? - cpu_before;
-        let requests = report.achieved_rate_per_s * (report.measured_seconds + load.warmup_s);
-        cpu_us.push(cpu_s * 1e6 / requests);
+        cpu_us.push(meter.per_request(&report, load.warmup_s)?.server_us);
         rates.push(report.ok_rate_per_s);
         let stem = format!("payments-authorize-{run}");
         write_outputs(&report, &args.out, &stem)?;
@@ -58,6 +56,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
     let mut sorted = rates.clone();
     sorted.sort_by(f64::total_cmp);
     let median = sorted[sorted.len() / 2];
+    let mut open_cpu = Vec::new();
     for (index, share) in settings.payments_open_shares.iter().enumerate() {
         let mut open = LoadArgs::new("payments", "authorize", &server.http);
         open.connections = settings.payments_connections;
@@ -69,7 +68,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
             "payments: open loop at {:.0}/s ...",
             open.rate.unwrap_or(0.0)
         );
+        let meter = CpuMeter::start(server.pid())?;
         let report = load_http(&open)?;
+        open_cpu.push((share, meter.per_request(&report, open.warmup_s)?));
         let stem = format!("payments-authorize-open-{:.0}", share * 100.0);
         write_outputs(&report, &args.out, &stem)?;
         rows.push((
@@ -143,6 +144,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
         median / SEED_PER_S,
         cpu_sorted[cpu_sorted.len() / 2],
     );
+    for (share, cpu) in &open_cpu {
+        text += &format!(
+            "- open loop at {:.0}% of the median: {}\n",
+            *share * 100.0,
+            cpu.describe()
+        );
+    }
     text += &format!(
         "\n### Settlement\n\n{} authorizations with `capture_method: automatic` ({declined} declined by the \
          fraud rules), then one `POST /admin/settlements`: **{captures} captures into {} files in {settle_s:.2} s** \
@@ -158,6 +166,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
             "authorizations_per_s": rates,
             "median_authorizations_per_s": median,
             "server_cpu_us_per_authorization": cpu_us,
+            "open_loop_cpu_us_per_authorization": open_cpu.iter().map(|(share, cpu)| json!({
+                "share_of_median": share, "server": cpu.server_us, "load_generator": cpu.generator_us,
+            })).collect::<Vec<_>>(),
             "settlement": {"captures": captures, "files": files.len(), "seconds": settle_s, "declined": declined},
         }))?,
     )?;

@@ -13,7 +13,7 @@
 //! to reach zero.
 
 use super::args::BenchArgs;
-use super::common::{cpu_seconds, get_json, load_table, start_server};
+use super::common::{CpuMeter, CpuPerRequest, cpu_seconds, get_json, load_table, start_server};
 use crate::load::args::LoadArgs;
 use crate::load::common::write_outputs;
 use crate::load::load_http;
@@ -155,6 +155,17 @@ fn sampled_run(
     Ok((report, lag_max, queued_max, drain_ms))
 }
 
+/// A run of POSTs in open loop at `share` of the closed loop's peak.
+struct OpenRun {
+    share: f64,
+    report: Report,
+    stem: String,
+    lag_max: u64,
+    queued_max: u64,
+    drain_ms: f64,
+    cpu: CpuPerRequest,
+}
+
 /// Queries in open loop while `writes` POST rides.
 struct MixedRun {
     label: &'static str,
@@ -225,8 +236,18 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
         load.rate = Some(peak * share);
         load.duration_s = args.duration_s;
         let stem = format!("ski-rides-open-{:.0}", share * 100.0);
+        let meter = CpuMeter::start(server.pid())?;
         let (report, lag_max, queued_max, drain_ms) = sampled_run(&base, &load, &stem, out)?;
-        open.push((share, report, stem, lag_max, queued_max, drain_ms));
+        let cpu = meter.per_request(&report, load.warmup_s)?;
+        open.push(OpenRun {
+            share,
+            report,
+            stem,
+            lag_max,
+            queued_max,
+            drain_ms,
+            cpu,
+        });
     }
 
     let mut queries = LoadArgs::new("ski", "queries", &base);
@@ -301,11 +322,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
             format!("ski-{}-second", run.total),
         ));
     }
-    for (share, report, stem, ..) in &open {
+    for run in &open {
         rows.push((
-            format!("POSTs, open loop at {:.0}% of peak", share * 100.0),
-            report,
-            stem.clone(),
+            format!("POSTs, open loop at {:.0}% of peak", run.share * 100.0),
+            &run.report,
+            run.stem.clone(),
         ));
     }
     for run in &mixed {
@@ -331,13 +352,17 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
         .collect();
     text += &load_table(&table_rows);
     text += "\n";
-    for (share, report, _, lag_max, queued_max, drain_ms) in &open {
+    for run in &open {
         text += &format!(
-            "- open loop at {:.0}% of peak: {:.0} POSTs/s, p99 {}, max lag {lag_max} rides, max queued {queued_max}, \
-             lag to zero {drain_ms:.0} ms\n",
-            share * 100.0,
-            report.ok_rate_per_s,
-            ms(report.latency.p99_us),
+            "- open loop at {:.0}% of peak: {:.0} POSTs/s, p99 {}, max lag {} rides, max queued {}, \
+             lag to zero {:.0} ms; {}\n",
+            run.share * 100.0,
+            run.report.ok_rate_per_s,
+            ms(run.report.latency.p99_us),
+            run.lag_max,
+            run.queued_max,
+            run.drain_ms,
+            run.cpu.describe(),
         );
     }
     for run in &mixed {
@@ -360,9 +385,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
             "max_us": r.second.latency.max_us, "lag_max_records": r.lag_max, "queued_max": r.queued_max,
             "lag_to_zero_ms": r.drain_ms, "server_cpu_us_per_post": r.server_cpu_us_per_post,
         })).collect::<Vec<_>>(),
-        "open_loop": open.iter().map(|(share, report, _, lag_max, _, drain_ms)| json!({
-            "share_of_peak": share, "posts_per_s": report.ok_rate_per_s, "p99_us": report.latency.p99_us,
-            "lag_max_records": lag_max, "lag_to_zero_ms": drain_ms,
+        "open_loop": open.iter().map(|run| json!({
+            "share_of_peak": run.share, "posts_per_s": run.report.ok_rate_per_s,
+            "p99_us": run.report.latency.p99_us, "lag_max_records": run.lag_max,
+            "lag_to_zero_ms": run.drain_ms, "server_cpu_us_per_post": run.cpu.server_us,
+            "generator_cpu_us_per_post": run.cpu.generator_us,
         })).collect::<Vec<_>>(),
         "queries_under_load": mixed.iter().map(|m| json!({
             "posts": m.label, "posts_per_s": m.writes.ok_rate_per_s, "query_p99_us": m.queries.latency.p99_us,
