@@ -4,6 +4,7 @@
 # CPU per request of each thread kind (tokio workers, partition, journal, ...) from
 # /proc/<pid>/task/*/stat, with their voluntary context switches and the group commits' mean size.
 # `server health` as APP SCENARIO serves tally and drives GET /health: the HTTP stack without the engine.
+# RATE=R runs the load in open loop at R requests/s over the same connections (prints p99 too).
 # Usage: scripts/cpu-by-thread.sh BINARY APP SCENARIO [CONNECTIONS=64] [SECONDS=6] [SERVE OPTIONS...]
 set -euo pipefail
 binary=$1 app=$2 scenario=$3 connections=${4:-64} seconds=${5:-6}
@@ -27,11 +28,11 @@ by_thread() {
 }
 by_thread >"$work/before"
 "$binary" load "$app" "$scenario" --target "$base" --connections "$connections" --duration-s "$seconds" \
-    --warmup-s 0 --out "$work" >"$work/load" 2>&1
+    --warmup-s 0 ${RATE:+--rate "$RATE"} --out "$work" >"$work/load" 2>&1
 by_thread >"$work/after"
 requests=$(grep -o '"ok": *[0-9]*' "$work/$app-$scenario.json" | head -1 | grep -o '[0-9]*$')
 hz=$(getconf CLK_TCK)
-echo "$app $scenario: $requests requests in ${seconds}s"
+echo "$app $scenario: $requests requests in ${seconds}s${RATE:+ (open loop at $RATE/s)}, $(grep -o 'p99 [0-9.]* ms' "$work/load" | head -1)"
 join "$work/before" "$work/after" | awk -v n="$requests" -v hz="$hz" '{
     printf "  %-18s %6.2f us per request  %8d voluntary switches\n", $1, ($5 - $3) / hz / n * 1e6, $4 - $2 }'
 curl -s "$base/metrics" | awk '/^spate_journal_batch_records_sum/ {s += $2} /^spate_journal_batch_records_count/ {c += $2}
