@@ -4,7 +4,8 @@
 # CPU per request of each thread kind (tokio workers, partition, journal, ...) from
 # /proc/<pid>/task/*/stat, with their voluntary context switches and the group commits' mean size.
 # `server health` as APP SCENARIO serves tally and drives GET /health: the HTTP stack without the engine.
-# RATE=R runs the load in open loop at R requests/s over the same connections (prints p99 too).
+# RATE=R runs the load in open loop at R requests/s over the same connections (prints p99 too);
+# PARTITIONS=N serves N partitions instead of one.
 # Usage: scripts/cpu-by-thread.sh BINARY APP SCENARIO [CONNECTIONS=64] [SECONDS=6] [SERVE OPTIONS...]
 set -euo pipefail
 binary=$1 app=$2 scenario=$3 connections=${4:-64} seconds=${5:-6}
@@ -13,7 +14,7 @@ served=$app
 [ "$app" = server ] && served=tally
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-coproc server { exec "$binary" serve --apps "$served" --partitions 1 --listen 127.0.0.1:0 \
+coproc server { exec "$binary" serve --apps "$served" --partitions "${PARTITIONS:-1}" --listen 127.0.0.1:0 \
     --fraud-stream-listen 127.0.0.1:0 --data-dir "$work/data" "$@" 2>"$work/log"; }
 base="" 
 while read -r line <&"${server[0]}"; do

@@ -8,7 +8,9 @@ use crate::disk::{DiskGuard, DiskStatus};
 use crate::idempotency::IdempotencyTable;
 use crate::journal::{FileLogStore, JournalConfig, Log, LogStore};
 use crate::metrics::{EngineMetrics, PartitionLabel, PartitionMetrics};
-use crate::partition::{self, Feed, Internal, Limits, PartitionShared, Request, SinceSnapshot};
+use crate::partition::{
+    self, Feed, Internal, Limits, Linger, PartitionShared, Request, SinceSnapshot,
+};
 use crate::projection::ProjectionRuntime;
 use crate::release::Releases;
 use crate::scrub::{Scrubs, StoreDamage};
@@ -34,8 +36,8 @@ pub struct EngineConfig {
     /// A group commit is handed to the writer once it holds this many bytes (it may be handed over sooner).
     pub batch_bytes_max: usize,
     pub batch_records_max: usize,
-    /// Minimum time between two journal flushes of a partition; 0 flushes as soon as the writer is free.
-    pub flush_interval: Duration,
+    /// How long a partition's batch waits for more requests once the journal's writer is free.
+    pub linger: Linger,
     pub snapshot_interval_records: u64,
     /// A snapshot is also due once this many journal bytes were written since the last one: records
     /// can be large (a batch of thousands of operations is one), and the journal is released only
@@ -82,7 +84,7 @@ impl EngineConfig {
             queue_capacity: 16_384,
             batch_bytes_max: 4 * 1024 * 1024,
             batch_records_max: 16_384,
-            flush_interval: Duration::ZERO,
+            linger: Linger::default(),
             snapshot_interval_records: 1_000_000,
             snapshot_interval_bytes: 256 << 20,
             // At 10 s, snapshots of fraud's streamed state fell due three times as often as by bytes, and
@@ -452,7 +454,7 @@ impl Engine {
         let limits = Limits {
             batch_bytes_max: config.batch_bytes_max,
             batch_records_max: config.batch_records_max,
-            flush_interval: config.flush_interval,
+            linger: config.linger,
             snapshot_interval_records: config.snapshot_interval_records,
             snapshot_interval_bytes: config.snapshot_interval_bytes,
             snapshot_interval_apply: config.snapshot_interval_apply,

@@ -35,6 +35,7 @@ pub use disk::DiskStatus;
 pub use engine::{Engine, EngineConfig, EngineHandle, Health, Pending, Refused};
 pub use journal::{Durability, FileLogStore, JournalConfig, LogStore, Lsn};
 pub use meta::DATA_FORMAT_VERSION;
+pub use partition::Linger;
 pub use record::{Envelope, Origin};
 pub use scrub::StoreDamage;
 pub use segmented::{EntryCodec, SegmentedMap};

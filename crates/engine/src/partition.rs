@@ -75,10 +75,65 @@ struct Batch {
 
 impl Batch {
     fn is_empty(&self) -> bool {
-        self.record_count == 0
-            && self.releases.is_empty()
-            && self.sends.is_empty()
-            && self.acks.is_empty()
+        self.size() == 0
+    }
+
+    /// Records and the releases, sends and acknowledgements waiting for them: grows with every request.
+    fn size(&self) -> usize {
+        self.record_count as usize + self.releases.len() + self.sends.len() + self.acks.len()
+    }
+}
+
+/// How long a batch waits for more before it goes to the writer, once the writer is free. A group commit
+/// costs the same CPU whatever it holds (on this project's VMs about 40 µs for `fdatasync` alone, two
+/// requests to the virtual disk, BENCHMARKS.md): below the peak, a batch handed over the moment the writer is
+/// free holds a few records, and the server spends more per request than at the peak. So a batch waits
+/// while requests keep joining it: it goes once none joined for `quiet` (the burst that built it is over,
+/// as when every client of a closed loop has sent its request) or once its first record has waited
+/// `max` (a steady stream would otherwise hold it forever). Zero for either hands a batch over as soon as
+/// the writer is free.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Linger {
+    pub quiet: Duration,
+    pub max: Duration,
+}
+
+/// Linux wakes a thread that sleeps with a timeout up to its timer slack late, 50 µs by default: as much
+/// as a linger's quiet time. One nanosecond of slack costs the partition thread the timer's precision
+/// only (the timeouts it sets are the linger's, at most one per group commit).
+fn precise_timeouts() {
+    // SAFETY: PR_SET_TIMERSLACK takes a plain integer and changes only the calling thread.
+    if unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) } != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "timer slack not set");
+    }
+}
+
+impl Linger {
+    fn hand_off_at(&self, growth: &BatchGrowth, now: Instant) -> Instant {
+        let (Some(opened_at), Some(grew_at)) = (growth.opened_at, growth.grew_at) else {
+            return now;
+        };
+        (grew_at + self.quiet).min(opened_at + self.max)
+    }
+}
+
+/// When the batch being built got its first item and when it last grew, seen by the partition's loop
+/// (one clock read per turn, not per request).
+#[derive(Debug, Default)]
+struct BatchGrowth {
+    size: usize,
+    opened_at: Option<Instant>,
+    grew_at: Option<Instant>,
+}
+
+impl BatchGrowth {
+    fn observe(&mut self, size: usize, now: Instant) {
+        debug_assert!(size >= self.size, "a batch only grows until it is taken");
+        if size > self.size {
+            self.opened_at.get_or_insert(now);
+            self.grew_at = Some(now);
+            self.size = size;
+        }
     }
 }
 
@@ -126,7 +181,7 @@ impl Default for PartitionShared {
 pub(crate) struct Limits {
     pub batch_bytes_max: usize,
     pub batch_records_max: usize,
-    pub flush_interval: Duration,
+    pub linger: Linger,
     pub snapshot_interval_records: u64,
     pub snapshot_interval_bytes: u64,
     pub snapshot_interval_apply: Duration,
@@ -237,9 +292,8 @@ pub(crate) struct PartitionThread {
     resend_due: Instant,
     /// What `resend_stalled` saw last time: the oldest unacknowledged follow-up per destination.
     oldest_at_last_check: Vec<Option<u64>>,
-    /// When the last batch went to the writer; with a flush interval, the next may not go before
-    /// `last_hand_off + flush_interval`, and it keeps growing until then.
-    last_hand_off: Instant,
+    /// How the batch being built has grown, for `Linger`.
+    batch_growth: BatchGrowth,
 }
 
 pub(crate) struct WriterThread {
@@ -317,7 +371,7 @@ pub(crate) fn pair(
         external_open: true,
         resend_due: Instant::now(),
         oldest_at_last_check: Vec::new(),
-        last_hand_off: Instant::now(),
+        batch_growth: BatchGrowth::default(),
     };
     (partition, writer)
 }
@@ -330,6 +384,9 @@ fn now_ms() -> u64 {
 
 impl PartitionThread {
     pub fn run(mut self) {
+        if self.limits.linger != Linger::default() {
+            precise_timeouts();
+        }
         // Follow-ups that were not acknowledged before the last stop are sent again; destinations skip
         // the ones they already applied. Those to this partition are applied before anything else, so
         // that new ones, applied at once, follow them in sequence.
@@ -355,10 +412,11 @@ impl PartitionThread {
             if accepting {
                 select.recv(&external);
             }
-            // A batch is offered to the writer once the flush interval since the last hand-off has passed;
-            // until then the select wakes at that moment (or earlier, for new work).
-            let hand_off_at = self.last_hand_off + self.limits.flush_interval;
+            // A batch is offered to the writer once it stopped growing (`Linger`); until then the select
+            // wakes at that moment (or earlier, for new work).
             let now = Instant::now();
+            self.batch_growth.observe(self.batch.size(), now);
+            let hand_off_at = self.limits.linger.hand_off_at(&self.batch_growth, now);
             let writer_index = if self.batch.is_empty() || now < hand_off_at {
                 None
             } else {
@@ -524,7 +582,7 @@ impl PartitionThread {
             self.sent.is_empty() && self.local.is_empty(),
             "every apply's follow-ups are routed before its batch moves on"
         );
-        self.last_hand_off = Instant::now();
+        self.batch_growth = BatchGrowth::default();
         self.core
             .archive
             .forget_stored(self.shared.archived_lsn.load(Ordering::Acquire));
@@ -1060,7 +1118,7 @@ mod tests {
         Limits {
             batch_bytes_max: 1 << 20,
             batch_records_max: 1024,
-            flush_interval: Duration::ZERO,
+            linger: Linger::default(),
             snapshot_interval_records: u64::MAX,
             snapshot_interval_bytes,
             snapshot_interval_apply: Duration::MAX,
@@ -1076,6 +1134,38 @@ mod tests {
             snapshot_bytes,
             ..SinceSnapshot::default()
         }
+    }
+
+    #[test]
+    fn a_lingering_batch_goes_once_nothing_joined_for_the_quiet_time_or_at_the_longest_wait() {
+        let linger = Linger {
+            quiet: Duration::from_micros(30),
+            max: Duration::from_micros(500),
+        };
+        let start = Instant::now();
+        let at = |us: u64| start + Duration::from_micros(us);
+        let mut growth = BatchGrowth::default();
+        growth.observe(0, at(0));
+        assert_eq!(
+            linger.hand_off_at(&growth, at(0)),
+            at(0),
+            "an empty batch waits for nothing"
+        );
+        growth.observe(2, at(10));
+        assert_eq!(linger.hand_off_at(&growth, at(10)), at(40));
+        growth.observe(2, at(20));
+        assert_eq!(
+            linger.hand_off_at(&growth, at(20)),
+            at(40),
+            "no growth, no more waiting"
+        );
+        // A steady stream keeps it growing: the longest wait counts from its first item.
+        for us in (30..600).step_by(20) {
+            growth.observe(growth.size + 1, at(us));
+        }
+        assert_eq!(linger.hand_off_at(&growth, at(590)), at(510));
+        // Without a linger, a batch goes as soon as the writer is free.
+        assert_eq!(Linger::default().hand_off_at(&growth, at(590)), at(10));
     }
 
     #[test]

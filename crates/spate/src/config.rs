@@ -79,9 +79,13 @@ pub struct ServeArgs {
     /// Journal segment size in bytes [default: 67108864]
     #[arg(long, env = "SPATE_SEGMENT_BYTES")]
     segment_bytes: Option<u64>,
-    /// Minimum microseconds between two journal flushes of a partition [default: 0]
-    #[arg(long, env = "SPATE_FLUSH_INTERVAL_US")]
-    flush_interval_us: Option<u64>,
+    /// Once the journal is free, a partition's group commit waits for more requests until none came for
+    /// this many microseconds (0: it goes at once) [default: 0]
+    #[arg(long, env = "SPATE_LINGER_QUIET_US")]
+    linger_quiet_us: Option<u64>,
+    /// ... or until its first request has waited this many microseconds [default: 0]
+    #[arg(long, env = "SPATE_LINGER_MAX_US")]
+    linger_max_us: Option<u64>,
     /// Records applied between two snapshots of a partition [default: 1000000]
     #[arg(long, env = "SPATE_SNAPSHOT_INTERVAL_RECORDS")]
     snapshot_interval_records: Option<u64>,
@@ -366,7 +370,8 @@ impl ServeArgs {
                 durability,
                 journal_retention,
                 segment_bytes,
-                flush_interval_us,
+                linger_quiet_us,
+                linger_max_us,
                 snapshot_interval_records,
                 snapshot_interval_bytes,
                 snapshot_interval_apply_ms,
@@ -494,8 +499,11 @@ impl ServeArgs {
         if let Some(bytes) = self.segment_bytes {
             engine.journal.segment_bytes = bytes;
         }
-        if let Some(us) = self.flush_interval_us {
-            engine.flush_interval = Duration::from_micros(us);
+        if let Some(us) = self.linger_quiet_us {
+            engine.linger.quiet = Duration::from_micros(us);
+        }
+        if let Some(us) = self.linger_max_us {
+            engine.linger.max = Duration::from_micros(us);
         }
         if let Some(records) = self.snapshot_interval_records {
             engine.snapshot_interval_records = records.max(1);
