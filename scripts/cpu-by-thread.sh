@@ -3,7 +3,8 @@
 # serve options), runs `spate load APP SCENARIO --connections CONNECTIONS` for SECONDS, and prints the
 # CPU per request of each thread kind (tokio workers, partition, journal, ...) from
 # /proc/<pid>/task/*/stat, with their voluntary context switches, the whole process's CPU per request
-# (threads that came and went during the run included) and the group commits' mean size.
+# (threads that came and went during the run included), the load generator's CPU per request and the
+# group commits' mean size.
 # `server health` as APP SCENARIO serves tally and drives GET /health: the HTTP stack without the engine.
 # RATE=R runs the load in open loop at R requests/s over the same connections (prints p99 too);
 # PARTITIONS=N serves N partitions instead of one.
@@ -30,8 +31,9 @@ by_thread() {
 }
 by_thread >"$work/before"
 process_before=$(awk '{print $14 + $15}' /proc/"$server_PID"/stat)
-"$binary" load "$app" "$scenario" --target "$base" --connections "$connections" --duration-s "$seconds" \
-    --warmup-s 0 ${RATE:+--rate "$RATE"} --out "$work" >"$work/load" 2>&1
+TIMEFORMAT='%3U %3S'
+{ time "$binary" load "$app" "$scenario" --target "$base" --connections "$connections" --duration-s "$seconds" \
+    --warmup-s 0 ${RATE:+--rate "$RATE"} --out "$work" >"$work/load" 2>&1; } 2>"$work/load-cpu"
 by_thread >"$work/after"
 requests=$(grep -o '"ok": *[0-9]*' "$work/$app-$scenario.json" | head -1 | grep -o '[0-9]*$')
 hz=$(getconf CLK_TCK)
@@ -40,6 +42,7 @@ LC_ALL=C join "$work/before" "$work/after" | awk -v n="$requests" -v hz="$hz" '{
     printf "  %-18s %6.2f us per request  %8d voluntary switches\n", $1, ($5 - $3) / hz / n * 1e6, $4 - $2 }'
 awk -v n="$requests" -v hz="$hz" -v before="$process_before" '{
     printf "  %-18s %6.2f us per request\n", "whole process", ($14 + $15 - before) / hz / n * 1e6 }' /proc/"$server_PID"/stat
+awk -v n="$requests" '{ printf "  %-18s %6.2f us per request\n", "load generator", ($1 + $2) / n * 1e6 }' "$work/load-cpu"
 curl -s "$base/metrics" | awk '/^spate_journal_batch_records_sum/ {s += $2} /^spate_journal_batch_records_count/ {c += $2}
     END {if (c) printf "  group commits: %d, %.1f records each\n", c, s / c}'
 kill "$server_PID"

@@ -31,6 +31,12 @@ use tokio::sync::mpsc;
 /// Latencies above this are recorded as this (they are also timeouts unless the timeout is larger).
 const LATENCY_US_MAX: u64 = 60_000_000;
 
+/// The shortest the open loop's pacer sleeps. Waking up for each request cost the load generator about a
+/// fifth of its CPU at 25,000 requests/s (a wake-up costs a thread about 16 µs on the project's VMs),
+/// which the server on the same cores then lacks (BENCHMARKS.md). A request released late by up to this
+/// counts the delay in its latency, as any other.
+const PACER_SLEEP_MIN_US: u64 = 200;
+
 /// Most scheduled requests of an open loop waiting for a free connection. When it is full the pacer
 /// waits too; a request keeps its scheduled time however late it is handed out, so its latency still
 /// counts from then.
@@ -410,8 +416,9 @@ type Schedule = tokio::sync::Mutex<mpsc::Receiver<Instant>>;
 /// Open loop: one thread releases every request at its scheduled time into the shared schedule.
 /// A thread of its own rather than tokio's timer, whose 1 ms resolution would send each request up to a
 /// millisecond late; `thread::sleep` overshoots by tens of microseconds, and a request that is due
-/// goes out at once. When no connection is free, requests queue, and their latency counts from the
-/// scheduled time.
+/// goes out at once. It sleeps at least [`PACER_SLEEP_MIN_US`], so that above 5,000 requests/s it
+/// releases those due in a few at a time. When no connection is free, requests queue, and their latency
+/// counts from the scheduled time.
 fn start_pacer(shared: &Arc<Shared>, started: Instant, rate_per_s: f64) -> Arc<Schedule> {
     let (sender, receiver) = mpsc::channel(SCHEDULED_REQUESTS_MAX);
     let interval = Duration::from_secs_f64(1.0 / rate_per_s);
@@ -423,7 +430,7 @@ fn start_pacer(shared: &Arc<Shared>, started: Instant, rate_per_s: f64) -> Arc<S
                 break;
             }
             if let Some(wait) = at.checked_duration_since(Instant::now()) {
-                std::thread::sleep(wait);
+                std::thread::sleep(wait.max(Duration::from_micros(PACER_SLEEP_MIN_US)));
             }
             // Every worker is done (a request count was reached): nothing takes requests any more.
             if sender.blocking_send(at).is_err() {
