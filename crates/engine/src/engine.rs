@@ -36,7 +36,7 @@ pub struct EngineConfig {
     /// A group commit is handed to the writer once it holds this many bytes (it may be handed over sooner).
     pub batch_bytes_max: usize,
     pub batch_records_max: usize,
-    /// How long a partition's batch waits for more requests once the journal's writer is free.
+    /// How long a partition's batch waits for more requests before it goes to the journal's writer.
     pub linger: Linger,
     pub snapshot_interval_records: u64,
     /// A snapshot is also due once this many journal bytes were written since the last one: records

@@ -78,20 +78,21 @@ impl Batch {
         self.size() == 0
     }
 
-    /// Records and the releases, sends and acknowledgements waiting for them: grows with every request.
+    /// Its items: records, and the replies, follow-ups and acknowledgements that wait for them. Only grows
+    /// until the batch is taken.
     fn size(&self) -> usize {
         self.record_count as usize + self.releases.len() + self.sends.len() + self.acks.len()
     }
 }
 
-/// How long a batch waits for more before it goes to the writer, once the writer is free. A group commit
-/// costs the same CPU whatever it holds (on this project's VMs about 40 µs for `fdatasync` alone, two
-/// requests to the virtual disk, BENCHMARKS.md): below the peak, a batch handed over the moment the writer is
-/// free holds a few records, and the server spends more per request than at the peak. So a batch waits
-/// while requests keep joining it: it goes once none joined for `quiet` (the burst that built it is over,
-/// as when every client of a closed loop has sent its request) or once its first record has waited
-/// `max` (a steady stream would otherwise hold it forever). Zero for either hands a batch over as soon as
-/// the writer is free.
+/// How long a batch waits for more before it goes to the writer. A group commit costs the same CPU
+/// whatever it holds (on this project's VMs about 40 µs for `fdatasync` alone, two requests to the
+/// virtual disk, BENCHMARKS.md): below the peak, a batch handed over the moment the writer is free holds a
+/// few records, and the server spends more per request than at the peak. So a batch waits while requests
+/// keep joining it: it may go once none joined for `quiet` (the burst that built it is over, as when every
+/// client of a closed loop has sent its request) or once its first item joined `max` ago (a steady stream
+/// would otherwise hold it forever), and it goes at that moment or when the writer is free, whichever is
+/// later: both clocks run while the writer still writes the batch before. Off (zero) unless both are set.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Linger {
     pub quiet: Duration,
@@ -100,7 +101,8 @@ pub struct Linger {
 
 /// Linux wakes a thread that sleeps with a timeout up to its timer slack late, 50 µs by default: as much
 /// as a linger's quiet time. One nanosecond of slack costs the partition thread the timer's precision
-/// only (the timeouts it sets are the linger's, at most one per group commit).
+/// only: a lingering batch's timer expires at most once per group commit (the others are rearmed before
+/// they expire, as requests keep coming).
 fn precise_timeouts() {
     // SAFETY: PR_SET_TIMERSLACK takes a plain integer and changes only the calling thread.
     if unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) } != 0 {
@@ -109,11 +111,17 @@ fn precise_timeouts() {
 }
 
 impl Linger {
-    fn hand_off_at(&self, growth: &BatchGrowth, now: Instant) -> Instant {
-        let (Some(opened_at), Some(grew_at)) = (growth.opened_at, growth.grew_at) else {
-            return now;
-        };
-        (grew_at + self.quiet).min(opened_at + self.max)
+    pub fn is_on(&self) -> bool {
+        !self.quiet.is_zero() && !self.max.is_zero()
+    }
+
+    /// When the batch may go to the writer; `None` while it is empty.
+    fn hand_off_at(&self, growth: &BatchGrowth) -> Option<Instant> {
+        let (opened_at, grew_at) = (growth.opened_at?, growth.grew_at?);
+        if !self.is_on() {
+            return Some(opened_at);
+        }
+        Some((grew_at + self.quiet).min(opened_at + self.max))
     }
 }
 
@@ -384,7 +392,7 @@ fn now_ms() -> u64 {
 
 impl PartitionThread {
     pub fn run(mut self) {
-        if self.limits.linger != Linger::default() {
+        if self.limits.linger.is_on() {
             precise_timeouts();
         }
         // Follow-ups that were not acknowledged before the last stop are sent again; destinations skip
@@ -416,14 +424,14 @@ impl PartitionThread {
             // wakes at that moment (or earlier, for new work).
             let now = Instant::now();
             self.batch_growth.observe(self.batch.size(), now);
-            let hand_off_at = self.limits.linger.hand_off_at(&self.batch_growth, now);
-            let writer_index = if self.batch.is_empty() || now < hand_off_at {
-                None
-            } else {
-                Some(select.send(&writer))
+            let hand_off_at = self.limits.linger.hand_off_at(&self.batch_growth);
+            debug_assert_eq!(hand_off_at.is_none(), self.batch.is_empty());
+            let writer_index = match hand_off_at {
+                Some(at) if at <= now => Some(select.send(&writer)),
+                _ => None,
             };
             let wake_at = [
-                (!self.batch.is_empty() && writer_index.is_none()).then_some(hand_off_at),
+                hand_off_at.filter(|_| writer_index.is_none()),
                 self.limits.resend_interval.map(|_| self.resend_due),
                 // A snapshot being written goes on while the partition is idle.
                 self.snapshot.as_ref().map(|_| now),
@@ -1138,34 +1146,44 @@ mod tests {
 
     #[test]
     fn a_lingering_batch_goes_once_nothing_joined_for_the_quiet_time_or_at_the_longest_wait() {
+        let us = Duration::from_micros;
         let linger = Linger {
-            quiet: Duration::from_micros(30),
-            max: Duration::from_micros(500),
+            quiet: us(30),
+            max: us(500),
         };
         let start = Instant::now();
-        let at = |us: u64| start + Duration::from_micros(us);
+        let at = |micros: u64| start + us(micros);
         let mut growth = BatchGrowth::default();
         growth.observe(0, at(0));
-        assert_eq!(
-            linger.hand_off_at(&growth, at(0)),
-            at(0),
-            "an empty batch waits for nothing"
-        );
+        assert_eq!(linger.hand_off_at(&growth), None, "nothing to hand over");
         growth.observe(2, at(10));
-        assert_eq!(linger.hand_off_at(&growth, at(10)), at(40));
+        assert_eq!(linger.hand_off_at(&growth), Some(at(40)));
         growth.observe(2, at(20));
         assert_eq!(
-            linger.hand_off_at(&growth, at(20)),
-            at(40),
+            linger.hand_off_at(&growth),
+            Some(at(40)),
             "no growth, no more waiting"
         );
         // A steady stream keeps it growing: the longest wait counts from its first item.
-        for us in (30..600).step_by(20) {
-            growth.observe(growth.size + 1, at(us));
+        for micros in (30..600).step_by(20) {
+            growth.observe(growth.size + 1, at(micros));
         }
-        assert_eq!(linger.hand_off_at(&growth, at(590)), at(510));
-        // Without a linger, a batch goes as soon as the writer is free.
-        assert_eq!(Linger::default().hand_off_at(&growth, at(590)), at(10));
+        assert_eq!(linger.hand_off_at(&growth), Some(at(510)));
+        // Off, or half set: the batch may go from its first item on, as soon as the writer is free.
+        for off in [
+            Linger::default(),
+            Linger {
+                quiet: us(30),
+                max: Duration::ZERO,
+            },
+            Linger {
+                quiet: Duration::ZERO,
+                max: us(500),
+            },
+        ] {
+            assert!(!off.is_on());
+            assert_eq!(off.hand_off_at(&growth), Some(at(10)), "{off:?}");
+        }
     }
 
     #[test]

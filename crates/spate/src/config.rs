@@ -4,7 +4,7 @@
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use serde::Deserialize;
-use spate_engine::{Durability, EngineConfig};
+use spate_engine::{Durability, EngineConfig, Linger};
 use spate_server::{AppModule, ClusterSetup, ServerConfig};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -79,11 +79,12 @@ pub struct ServeArgs {
     /// Journal segment size in bytes [default: 67108864]
     #[arg(long, env = "SPATE_SEGMENT_BYTES")]
     segment_bytes: Option<u64>,
-    /// Once the journal is free, a partition's group commit waits for more requests until none came for
-    /// this many microseconds (0: it goes at once) [default: 0]
+    /// A partition's group commit waits for more requests until none came for this many microseconds,
+    /// then goes once the journal is free; set with --linger-max-us (0: no wait) [default: 0]
     #[arg(long, env = "SPATE_LINGER_QUIET_US")]
     linger_quiet_us: Option<u64>,
-    /// ... or until its first request has waited this many microseconds [default: 0]
+    /// ... or until its first request came this many microseconds ago; set with --linger-quiet-us
+    /// [default: 0]
     #[arg(long, env = "SPATE_LINGER_MAX_US")]
     linger_max_us: Option<u64>,
     /// Records applied between two snapshots of a partition [default: 1000000]
@@ -504,6 +505,14 @@ impl ServeArgs {
         }
         if let Some(us) = self.linger_max_us {
             engine.linger.max = Duration::from_micros(us);
+        }
+        if !engine.linger.is_on() && engine.linger != Linger::default() {
+            bail!(
+                "--linger-quiet-us and --linger-max-us work together: set both above 0, or neither \
+                 (quiet {} µs, max {} µs)",
+                engine.linger.quiet.as_micros(),
+                engine.linger.max.as_micros()
+            );
         }
         if let Some(records) = self.snapshot_interval_records {
             engine.snapshot_interval_records = records.max(1);

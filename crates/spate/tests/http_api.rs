@@ -541,6 +541,21 @@ fn a_zero_timeout_is_refused_at_start_up() {
     }
 }
 
+/// A linger needs both of its times: one alone would do nothing, silently. Refused at start-up, naming
+/// both options.
+#[test]
+fn half_a_linger_is_refused_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    for option in ["--linger-quiet-us", "--linger-max-us"] {
+        let (status, log) = support::refused_start_up(dir.path(), "tally", &[option, "100"]);
+        assert!(!status.success(), "{option} 100 alone: started");
+        assert!(
+            log.contains("--linger-quiet-us and --linger-max-us work together"),
+            "{log}"
+        );
+    }
+}
+
 /// A client may send any token as a method: each must not become a new series in `/metrics`
 /// (issue 19, defect 1: 25,000 such requests made `/metrics` 496 MB).
 #[test]
