@@ -11,6 +11,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The longest linger accepted: a request waiting longer for its group commit is a misconfiguration.
+const LINGER_US_MAX: u64 = 10_000_000;
+
 #[derive(Debug, Clone, Copy, ValueEnum, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum DurabilityArg {
@@ -500,11 +503,23 @@ impl ServeArgs {
         if let Some(bytes) = self.segment_bytes {
             engine.journal.segment_bytes = bytes;
         }
-        if let Some(us) = self.linger_quiet_us {
-            engine.linger.quiet = Duration::from_micros(us);
-        }
-        if let Some(us) = self.linger_max_us {
-            engine.linger.max = Duration::from_micros(us);
+        for (option, us, time) in [
+            (
+                "--linger-quiet-us",
+                self.linger_quiet_us,
+                &mut engine.linger.quiet,
+            ),
+            (
+                "--linger-max-us",
+                self.linger_max_us,
+                &mut engine.linger.max,
+            ),
+        ] {
+            let us = us.unwrap_or(0);
+            if us > LINGER_US_MAX {
+                bail!("{option} must be at most {LINGER_US_MAX} (10 s), not {us}");
+            }
+            *time = Duration::from_micros(us);
         }
         if !engine.linger.is_on() && engine.linger != Linger::default() {
             bail!(

@@ -527,32 +527,39 @@ fn slow_idle_and_stalled_clients_are_cut_and_others_are_served() {
     assert!(cut("malformed") >= 1.0, "{metrics}");
 }
 
-/// A timeout of 0 would cut every connection at once: refused at start-up, naming the option.
+/// Options that would make a server useless or crash it are refused at start-up, naming what is wrong: a
+/// timeout of 0 would cut every connection at once, one linger time alone would do nothing, and a
+/// linger beyond 10 s is a mistake (and past the clock's range, a crash).
 #[test]
-fn a_zero_timeout_is_refused_at_start_up() {
+fn bad_serve_options_are_refused_at_start_up() {
     let dir = tempfile::tempdir().unwrap();
-    for option in ["--header-read-timeout-ms", "--body-read-timeout-ms"] {
-        let (status, log) = support::refused_start_up(dir.path(), "tally", &[option, "0"]);
-        assert!(!status.success(), "{option} 0: started");
-        assert!(
-            log.contains(&format!("{option} must be at least 1")),
-            "{log}"
-        );
-    }
-}
-
-/// A linger needs both of its times: one alone would do nothing, silently. Refused at start-up, naming
-/// both options.
-#[test]
-fn half_a_linger_is_refused_at_start_up() {
-    let dir = tempfile::tempdir().unwrap();
-    for option in ["--linger-quiet-us", "--linger-max-us"] {
-        let (status, log) = support::refused_start_up(dir.path(), "tally", &[option, "100"]);
-        assert!(!status.success(), "{option} 100 alone: started");
-        assert!(
-            log.contains("--linger-quiet-us and --linger-max-us work together"),
-            "{log}"
-        );
+    let max = u64::MAX.to_string();
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--header-read-timeout-ms", "0"],
+            "--header-read-timeout-ms must be at least 1",
+        ),
+        (
+            &["--body-read-timeout-ms", "0"],
+            "--body-read-timeout-ms must be at least 1",
+        ),
+        (
+            &["--linger-quiet-us", "100"],
+            "--linger-quiet-us and --linger-max-us work together",
+        ),
+        (
+            &["--linger-max-us", "100"],
+            "--linger-quiet-us and --linger-max-us work together",
+        ),
+        (
+            &["--linger-quiet-us", "100", "--linger-max-us", &max],
+            "--linger-max-us must be at most 10000000",
+        ),
+    ];
+    for (options, expected) in cases {
+        let (status, log) = support::refused_start_up(dir.path(), "tally", options);
+        assert!(!status.success(), "{options:?}: started");
+        assert!(log.contains(expected), "{options:?}: {log}");
     }
 }
 
