@@ -32,8 +32,8 @@ use tokio::sync::mpsc;
 const LATENCY_US_MAX: u64 = 60_000_000;
 
 /// The shortest the open loop's pacer sleeps. Waking up for each request cost the load generator about a
-/// fifth of its CPU at 25,000 requests/s (a wake-up costs a thread about 16 µs on the project's VMs),
-/// which the server on the same cores then lacks (BENCHMARKS.md). A request released late by up to this
+/// sixth of its CPU at 25,000 requests/s and up to a quarter at 38,000/s (a wake-up costs a thread about
+/// 16 µs on the project's VMs), which the server on the same cores then lacks (BENCHMARKS.md). A request released late by up to this
 /// counts the delay in its latency, as any other.
 const PACER_SLEEP_MIN_US: u64 = 200;
 
