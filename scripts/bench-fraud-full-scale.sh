@@ -11,6 +11,10 @@
 #
 # With STOP=term the server is stopped with SIGTERM instead (it writes a final snapshot of every
 # partition, timed), so that the restart is one from a snapshot rather than a replay of the journal.
+# With AB=BINARY_B the same data directory is then started ROUNDS (default 2) more times by each binary
+# in turn, BINARY_B first, each start timed until it serves (with the process's user and system CPU
+# seconds) and then killed with kill -9: one state restarted by two binaries back to back. COLD=1
+# drops the page cache before each of those starts (needs root).
 set -euo pipefail
 
 bin=${1:-target/release/spate}
@@ -69,10 +73,34 @@ begin=$(now)
 start
 echo "restart after ${STOP:-kill -9}: serving after $(seconds_since "$begin") s; RSS $(rss_mib) MiB"
 recovery_phases "$dir/serve.log"
-after=$(curl -s "127.0.0.1:$port/fraud/stats")
 strip() { echo "$1" | sed -e 's/"rate_per_s":[0-9.]*,\{0,1\}//' -e 's/"history_bytes[a-z_]*":[0-9.e+-]*,\{0,1\}//g'; }
-if [ "$(strip "$stats")" = "$(strip "$after")" ]; then
-    echo "stats after the restart: identical"
-else
-    echo "stats differ after the restart:"; echo " before: $stats"; echo " after:  $after"; exit 1
+compare_stats() {
+    local after
+    after=$(curl -s "127.0.0.1:$port/fraud/stats")
+    if [ "$(strip "$stats")" = "$(strip "$after")" ]; then
+        echo "stats after the restart: identical"
+    else
+        echo "stats differ after the restart:"; echo " before: $stats"; echo " after:  $after"; exit 1
+    fi
+}
+compare_stats
+
+if [ -n "${AB:-}" ]; then
+    binary_a=$bin
+    for _ in $(seq "${ROUNDS:-2}"); do
+        for bin in "$AB" "$binary_a"; do
+            kill -9 "$pid"
+            wait "$pid" 2>/dev/null || true
+            if [ -n "${COLD:-}" ]; then
+                sync
+                echo 3 >/proc/sys/vm/drop_caches
+            fi
+            begin=$(now)
+            start
+            echo "restart by $bin: serving after $(seconds_since "$begin") s; $(awk -v hz="$(getconf CLK_TCK)" \
+                '{printf "CPU %.1f s user, %.1f s system", $14 / hz, $15 / hz}' "/proc/$pid/stat")"
+            recovery_phases "$dir/serve.log"
+            compare_stats
+        done
+    done
 fi

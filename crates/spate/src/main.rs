@@ -59,9 +59,10 @@ fn main() -> anyhow::Result<()> {
         // Colour codes only for a terminal, never in files a log collector reads.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    if !allocator::keep_only_tiny_blocks_in_fastbins() {
+    for refused in allocator::tune() {
         tracing::warn!(
-            "glibc refused to limit its fastbins: large allocations may pause partitions"
+            setting = refused,
+            "glibc refused an allocator setting (allocator.rs)"
         );
     }
     match Cli::parse().command {
