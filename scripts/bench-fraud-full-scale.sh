@@ -14,7 +14,7 @@
 # With AB=BINARY_B the same data directory is then started ROUNDS (default 2) more times by each binary
 # in turn, BINARY_B first, each start timed until it serves (with the process's user and system CPU
 # seconds) and then killed with kill -9: one state restarted by two binaries back to back. COLD=1
-# drops the page cache before each of those starts (needs root).
+# drops the page cache before each of those starts (needs root: checked before anything runs).
 set -euo pipefail
 
 bin=${1:-target/release/spate}
@@ -29,7 +29,10 @@ start() {
         --listen "127.0.0.1:$port" --fraud-stream-listen "127.0.0.1:$stream" \
         --fraud-entries-per-card 20 >"$dir/serve.log" 2>&1 &
     pid=$!
-    until curl -sf "127.0.0.1:$port/health" >/dev/null; do sleep 0.05; done
+    until curl -sf "127.0.0.1:$port/health" >/dev/null; do
+        kill -0 "$pid" 2>/dev/null || { echo "$bin stopped before it served:"; tail -5 "$dir/serve.log"; exit 1; }
+        sleep 0.05
+    done
 }
 
 metric_max() {
@@ -37,6 +40,10 @@ metric_max() {
         if ($2 > max) max = $2 } END { printf "%.1f ms\n", max * 1000 }'
 }
 
+if [ "${COLD:-0}" = 1 ] && [ ! -w /proc/sys/vm/drop_caches ]; then
+    echo "COLD=1 drops the page cache: /proc/sys/vm/drop_caches must be writable (root)" >&2
+    exit 1
+fi
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB; date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 echo "binary: $bin ($("$bin" --version 2>/dev/null || echo unknown))"
 start
@@ -91,7 +98,7 @@ if [ -n "${AB:-}" ]; then
         for bin in "$AB" "$binary_a"; do
             kill -9 "$pid"
             wait "$pid" 2>/dev/null || true
-            if [ -n "${COLD:-}" ]; then
+            if [ "${COLD:-0}" = 1 ]; then
                 sync
                 echo 3 >/proc/sys/vm/drop_caches
             fi

@@ -62,7 +62,8 @@ fn main() -> anyhow::Result<()> {
     for refused in allocator::tune() {
         tracing::warn!(
             setting = refused,
-            "glibc refused an allocator setting (allocator.rs)"
+            "glibc refused an allocator setting: partitions may pause longer and restore slower \
+             (allocator.rs)"
         );
     }
     match Cli::parse().command {
