@@ -44,7 +44,8 @@ const TOP_PAD_BYTES: i32 = THREAD_HEAP_BYTES;
 const MMAP_THRESHOLD_BYTES: i32 = THREAD_HEAP_BYTES / 2;
 
 /// Sets the allocator's parameters above, for the whole process. Call it in `main` before any thread
-/// starts. Returns the name of each setting glibc refused; other C libraries have neither setting.
+/// starts. Returns the name of each setting glibc refused (on a 32-bit target, whose heaps are
+/// smaller, it refuses the mmap threshold); other C libraries have none of these settings.
 pub fn tune() -> Vec<&'static str> {
     #[cfg(target_env = "gnu")]
     {
