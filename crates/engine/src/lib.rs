@@ -26,6 +26,7 @@ mod sim_follow_ups;
 pub mod snapshot;
 mod stepped_snapshot;
 pub mod store;
+mod thread_time;
 pub mod untrusted;
 pub mod wire;
 

@@ -4,6 +4,7 @@
 use crate::PartitionId;
 use crate::release::ReleaseMetrics;
 use crate::scrub::ScrubMetrics;
+use crate::thread_time::{PauseSplit, ThreadTimes};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -11,7 +12,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PartitionLabel {
@@ -57,58 +58,54 @@ fn new_pause_histogram() -> Histogram {
 }
 
 /// One cause's pauses of one partition: every one in a histogram, and the longest as a gauge, since a
-/// histogram only bounds it; and the most CPU time one took.
+/// histogram only bounds it; the same for each pause less the time its thread waited for a core (its
+/// own share); and the longest single parts of a pause by where they went.
 #[derive(Clone)]
 pub(crate) struct PauseMetric {
     seconds: Histogram,
     max_seconds: Gauge<f64, AtomicU64>,
+    own_seconds: Histogram,
+    own_max_seconds: Gauge<f64, AtomicU64>,
     cpu_max_seconds: Gauge<f64, AtomicU64>,
+    queued_max_seconds: Gauge<f64, AtomicU64>,
+    stolen_max_seconds: Gauge<f64, AtomicU64>,
 }
 
 impl PauseMetric {
     /// Records the pause `timer` measured, ending now. Only the partition's thread records, so reading
     /// and raising a maximum need no compare-and-swap.
     pub fn record(&self, timer: PauseTimer) {
-        let seconds = timer.started.elapsed().as_secs_f64();
-        self.seconds.observe(seconds);
-        if seconds > self.max_seconds.get() {
-            self.max_seconds.set(seconds);
-        }
-        let cpu_seconds = thread_cpu_time()
-            .saturating_sub(timer.cpu_started)
-            .as_secs_f64();
-        if cpu_seconds > self.cpu_max_seconds.get() {
-            self.cpu_max_seconds.set(cpu_seconds);
+        let end = ThreadTimes::now();
+        let split = PauseSplit::of(timer.started.elapsed(), timer.times, end);
+        self.seconds.observe(split.wall.as_secs_f64());
+        self.own_seconds.observe(split.own().as_secs_f64());
+        for (gauge, part) in [
+            (&self.max_seconds, split.wall),
+            (&self.own_max_seconds, split.own()),
+            (&self.cpu_max_seconds, split.cpu),
+            (&self.queued_max_seconds, split.queued),
+            (&self.stolen_max_seconds, split.stolen),
+        ] {
+            if part.as_secs_f64() > gauge.get() {
+                gauge.set(part.as_secs_f64());
+            }
         }
     }
 }
 
-/// Measures a pause from its start: the time it took, and the CPU time of the thread meanwhile. On
-/// cores busy with other threads the two differ by the time the thread waited for a core.
+/// Measures a pause from its start: the time it took, and how the thread's time went meanwhile.
 pub(crate) struct PauseTimer {
     started: Instant,
-    cpu_started: Duration,
+    times: ThreadTimes,
 }
 
 impl PauseTimer {
     pub fn start() -> Self {
         Self {
             started: Instant::now(),
-            cpu_started: thread_cpu_time(),
+            times: ThreadTimes::now(),
         }
     }
-}
-
-/// The CPU time the calling thread has used, user and system.
-fn thread_cpu_time() -> Duration {
-    let mut time = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `time` is a valid timespec for the call to fill; the clock exists on every Linux.
-    let status = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut time) };
-    debug_assert_eq!(status, 0, "CLOCK_THREAD_CPUTIME_ID is always there");
-    Duration::new(time.tv_sec as u64, time.tv_nsec as u32)
 }
 
 fn new_fsync_histogram() -> Histogram {
@@ -137,7 +134,11 @@ pub(crate) struct EngineMetrics {
     snapshot_seconds: Family<PartitionLabel, Histogram, fn() -> Histogram>,
     apply_pause_seconds: Family<PauseLabel, Histogram, fn() -> Histogram>,
     apply_pause_max_seconds: Family<PauseLabel, Gauge<f64, AtomicU64>>,
+    apply_pause_own_seconds: Family<PauseLabel, Histogram, fn() -> Histogram>,
+    apply_pause_own_max_seconds: Family<PauseLabel, Gauge<f64, AtomicU64>>,
     apply_pause_cpu_max_seconds: Family<PauseLabel, Gauge<f64, AtomicU64>>,
+    apply_pause_queued_max_seconds: Family<PauseLabel, Gauge<f64, AtomicU64>>,
+    apply_pause_stolen_max_seconds: Family<PauseLabel, Gauge<f64, AtomicU64>>,
     queue_depth: Family<PartitionLabel, Gauge>,
     durable_lsn: Family<PartitionLabel, Gauge>,
     archive_memory_records: Family<PartitionLabel, Gauge>,
@@ -182,7 +183,11 @@ impl EngineMetrics {
             snapshot_seconds: Family::new_with_constructor(new_snapshot_histogram),
             apply_pause_seconds: Family::new_with_constructor(new_pause_histogram),
             apply_pause_max_seconds: Family::default(),
+            apply_pause_own_seconds: Family::new_with_constructor(new_pause_histogram),
+            apply_pause_own_max_seconds: Family::default(),
             apply_pause_cpu_max_seconds: Family::default(),
+            apply_pause_queued_max_seconds: Family::default(),
+            apply_pause_stolen_max_seconds: Family::default(),
             queue_depth: Family::default(),
             durable_lsn: Family::default(),
             archive_memory_records: Family::default(),
@@ -247,10 +252,34 @@ impl EngineMetrics {
             metrics.apply_pause_max_seconds.clone(),
         );
         r.register(
+            "apply_pause_own_seconds",
+            "The same intervals less the time the partition's thread waited for a core: in a run \
+             queue behind other threads, or on its core while the host or interrupts held it (steal); \
+             what is left is the pause's own work and any time its thread blocked",
+            metrics.apply_pause_own_seconds.clone(),
+        );
+        r.register(
+            "apply_pause_own_max_seconds",
+            "The longest such interval less the time its thread waited for a core, by cause",
+            metrics.apply_pause_own_max_seconds.clone(),
+        );
+        r.register(
             "apply_pause_cpu_max_seconds",
-            "The most CPU time a partition's thread used in one such interval, by cause: the pause's \
-             own work, without the time the thread waited for a core",
+            "The most CPU time a partition's thread used in one such interval, by cause",
             metrics.apply_pause_cpu_max_seconds.clone(),
+        );
+        r.register(
+            "apply_pause_queued_max_seconds",
+            "The longest time a partition's thread waited in a run queue behind other threads within \
+             one such interval, by cause",
+            metrics.apply_pause_queued_max_seconds.clone(),
+        );
+        r.register(
+            "apply_pause_stolen_max_seconds",
+            "The longest time within one such interval that a partition's thread held its core without \
+             being run (the host ran something else on the virtual CPU, or interrupts), by cause; only \
+             counted in an interval in which the thread never left its core",
+            metrics.apply_pause_stolen_max_seconds.clone(),
         );
         r.register(
             "queue_depth",
@@ -371,10 +400,14 @@ impl EngineMetrics {
         PauseMetric {
             seconds: self.apply_pause_seconds.get_or_create(&label).clone(),
             max_seconds: self.apply_pause_max_seconds.get_or_create(&label).clone(),
-            cpu_max_seconds: self
-                .apply_pause_cpu_max_seconds
+            own_seconds: self.apply_pause_own_seconds.get_or_create(&label).clone(),
+            own_max_seconds: self
+                .apply_pause_own_max_seconds
                 .get_or_create(&label)
                 .clone(),
+            cpu_max_seconds: (self.apply_pause_cpu_max_seconds.get_or_create(&label)).clone(),
+            queued_max_seconds: (self.apply_pause_queued_max_seconds.get_or_create(&label)).clone(),
+            stolen_max_seconds: (self.apply_pause_stolen_max_seconds.get_or_create(&label)).clone(),
         }
     }
 

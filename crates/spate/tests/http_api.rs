@@ -601,7 +601,8 @@ fn unknown_methods_do_not_grow_the_metrics() {
 
 /// A snapshot's start and each of its steps are intervals in which the partition applies nothing:
 /// `/metrics` shows each in `spate_apply_pause_seconds` and the longest in
-/// `spate_apply_pause_max_seconds`, by cause.
+/// `spate_apply_pause_max_seconds`, by cause; each again less the time its thread waited for a core
+/// (`spate_apply_pause_own_seconds`), never longer than the pause itself.
 #[test]
 fn snapshot_pauses_are_in_the_metrics() {
     let dir = tempfile::tempdir().unwrap();
@@ -645,6 +646,20 @@ fn snapshot_pauses_are_in_the_metrics() {
             "spate_apply_pause_max_seconds{{partition=\"{partition}\",cause=\"snapshot\""
         ));
         assert!(longest > 0.0, "partition {partition}: {longest}");
+        let own = value(&format!(
+            "spate_apply_pause_own_max_seconds{{partition=\"{partition}\",cause=\"snapshot\""
+        ));
+        assert!(
+            own > 0.0 && own <= longest,
+            "partition {partition}: {own} of {longest}"
+        );
+        let own_count = value(&format!(
+            "spate_apply_pause_own_seconds_count{{partition=\"{partition}\",cause=\"snapshot\""
+        ));
+        let count = value(&format!(
+            "spate_apply_pause_seconds_count{{partition=\"{partition}\",cause=\"snapshot\""
+        ));
+        assert_eq!(own_count, count, "partition {partition}");
     }
 }
 

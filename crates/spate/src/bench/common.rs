@@ -39,7 +39,7 @@ impl Spawned {
         Ok(())
     }
 
-    /// Notes the server's longest apply pause (from its `/metrics`) for the report of the benchmark
+    /// Notes the server's longest apply pauses (from its `/metrics`) for the report of the benchmark
     /// running now: see [`take_longest_pause`]. A server that does not answer adds nothing; it is said.
     fn record_longest_pause(&self) {
         let metrics = match ureq::get(format!("{}/metrics", self.http))
@@ -53,11 +53,20 @@ impl Spawned {
             }
         };
         let mut longest = LONGEST_PAUSES.lock().expect("never poisoned");
-        let LongestPauses { wall, cpu, counted } = &mut *longest;
-        let scraped = count_pauses(&metrics);
-        counted.all += scraped.all;
-        counted.over_budget += scraped.over_budget;
-        for (gauge, longest) in [(PAUSE_GAUGE, wall), (PAUSE_CPU_GAUGE, cpu)] {
+        let LongestPauses {
+            by_gauge,
+            counted,
+            counted_own,
+        } = &mut *longest;
+        for (histogram, counted) in [
+            (PAUSE_HISTOGRAM, counted),
+            (PAUSE_OWN_HISTOGRAM, counted_own),
+        ] {
+            let scraped = count_pauses(&metrics, histogram);
+            counted.all += scraped.all;
+            counted.over_budget += scraped.over_budget;
+        }
+        for (gauge, longest) in PAUSE_GAUGES.into_iter().zip(by_gauge) {
             if let Some(pause) = longest_pause(&metrics, gauge)
                 && longest.as_ref().is_none_or(|l| pause.seconds > l.seconds)
             {
@@ -75,16 +84,43 @@ pub struct Pause {
     pub partition: String,
 }
 
-/// The longest pause, and the most CPU time one pause took, of the servers stopped since the last
-/// [`take_longest_pause`], and how many of their pauses passed the budget.
-#[derive(Default)]
-struct LongestPauses {
-    wall: Option<Pause>,
-    cpu: Option<Pause>,
-    counted: PauseCounts,
+impl std::fmt::Display for Pause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.1} ms ({}, partition {})",
+            self.seconds * 1e3,
+            self.cause,
+            self.partition
+        )
+    }
 }
 
-/// Pauses of every partition and cause: all of them, and those longer than [`PAUSE_BUDGET_LE`].
+/// The gauges a report quotes, in the order of [`LongestPauses::by_gauge`]: the longest pause, the
+/// longest less the time its thread waited for a core, and the longest part of one pause spent on a
+/// core, queued behind other threads, and held but not run by the host.
+const PAUSE_GAUGES: [&str; 5] = [
+    "spate_apply_pause_max_seconds",
+    "spate_apply_pause_own_max_seconds",
+    "spate_apply_pause_cpu_max_seconds",
+    "spate_apply_pause_queued_max_seconds",
+    "spate_apply_pause_stolen_max_seconds",
+];
+const PAUSE_HISTOGRAM: &str = "spate_apply_pause_seconds";
+const PAUSE_OWN_HISTOGRAM: &str = "spate_apply_pause_own_seconds";
+/// The histograms' bucket at the pause budget of issue 17, 10 ms (one of their bounds).
+const PAUSE_BUDGET_LE: &str = "_bucket{le=\"0.01\",";
+
+/// The longest pauses of the servers stopped since the last [`take_longest_pause`], by gauge of
+/// [`PAUSE_GAUGES`], and how many of their pauses passed the budget, by the wall and less the waits.
+#[derive(Default)]
+struct LongestPauses {
+    by_gauge: [Option<Pause>; PAUSE_GAUGES.len()],
+    counted: PauseCounts,
+    counted_own: PauseCounts,
+}
+
+/// Pauses of every partition and cause: all of them, and those longer than the budget.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 struct PauseCounts {
     all: u64,
@@ -92,51 +128,53 @@ struct PauseCounts {
 }
 
 static LONGEST_PAUSES: std::sync::Mutex<LongestPauses> = std::sync::Mutex::new(LongestPauses {
-    wall: None,
-    cpu: None,
+    by_gauge: [None, None, None, None, None],
     counted: PauseCounts {
+        all: 0,
+        over_budget: 0,
+    },
+    counted_own: PauseCounts {
         all: 0,
         over_budget: 0,
     },
 });
 
-const PAUSE_GAUGE: &str = "spate_apply_pause_max_seconds";
-const PAUSE_CPU_GAUGE: &str = "spate_apply_pause_cpu_max_seconds";
-const PAUSE_COUNT: &str = "spate_apply_pause_seconds_count{";
-/// The histogram's bucket at the pause budget of issue 17, 10 ms (one of its bounds).
-const PAUSE_BUDGET_LE: &str = "spate_apply_pause_seconds_bucket{le=\"0.01\",";
-
 /// The longest pause of the servers stopped since the last call, as a line for a benchmark's report.
 pub fn take_longest_pause() -> String {
-    let LongestPauses { wall, cpu, counted } =
-        std::mem::take(&mut *LONGEST_PAUSES.lock().expect("never poisoned"));
+    let LongestPauses {
+        by_gauge: [wall, own, cpu, queued, stolen],
+        counted,
+        counted_own,
+    } = std::mem::take(&mut *LONGEST_PAUSES.lock().expect("never poisoned"));
     let Some(wall) = wall else {
         return "Longest apply pause of this benchmark's servers: none recorded.\n".into();
     };
     let mut line = format!(
-        "Longest apply pause of this benchmark's servers: **{:.1} ms** ({}, partition {})",
-        wall.seconds * 1e3,
-        wall.cause,
-        wall.partition
-    );
-    if let Some(cpu) = cpu {
-        line += &format!(
-            "; the most CPU time one pause took: {:.1} ms ({}, partition {}), the rest of a pause \
-             is waiting for a core",
-            cpu.seconds * 1e3,
-            cpu.cause,
-            cpu.partition
-        );
-    }
-    line += &format!(
-        "; {} of {} pauses passed 10 ms",
+        "Longest apply pause of this benchmark's servers: **{wall}**; {} of {} pauses passed 10 ms",
         counted.over_budget, counted.all
     );
+    if let Some(own) = own {
+        line += &format!(
+            ". Less the time their thread waited for a core, the longest: **{own}**; {} passed 10 ms",
+            counted_own.over_budget
+        );
+    }
+    let parts: Vec<String> = [
+        (cpu, "on a core"),
+        (queued, "queued behind other threads"),
+        (stolen, "on a core the host did not run"),
+    ]
+    .into_iter()
+    .filter_map(|(pause, part)| Some(format!("{part} {}", pause?)))
+    .collect();
+    if !parts.is_empty() {
+        line += &format!(". The longest time one pause spent {}", parts.join("; "));
+    }
     line + ".\n"
 }
 
-/// Adds up the pause histogram's counts of a scrape, every partition and cause.
-fn count_pauses(metrics: &str) -> PauseCounts {
+/// Adds up a pause histogram's counts of a scrape, every partition and cause.
+fn count_pauses(metrics: &str, histogram: &str) -> PauseCounts {
     let value = |line: &str| -> u64 {
         let value = line.rsplit_once(' ').map_or("", |(_, value)| value.trim());
         value.parse().unwrap_or(0)
@@ -144,9 +182,12 @@ fn count_pauses(metrics: &str) -> PauseCounts {
     let mut within_budget = 0;
     let mut counted = PauseCounts::default();
     for line in metrics.lines() {
-        if line.starts_with(PAUSE_COUNT) {
+        let Some(rest) = line.strip_prefix(histogram) else {
+            continue;
+        };
+        if rest.starts_with("_count{") {
             counted.all += value(line);
-        } else if line.starts_with(PAUSE_BUDGET_LE) {
+        } else if rest.starts_with(PAUSE_BUDGET_LE) {
             within_budget += value(line);
         }
     }
@@ -408,22 +449,19 @@ mod tests {
             spate_apply_pause_max_seconds{partition=\"1\",cause=\"journal\"} 0.5\n\
             spate_apply_pause_seconds_sum{partition=\"1\",cause=\"journal\"} 9.0\n";
         assert_eq!(
-            longest_pause(scrape, PAUSE_GAUGE),
+            longest_pause(scrape, PAUSE_GAUGES[0]),
             Some(Pause {
                 seconds: 0.5,
                 cause: "journal".into(),
                 partition: "1".into()
             })
         );
-        assert_eq!(longest_pause(scrape, PAUSE_CPU_GAUGE), None);
-        let scrape =
-            format!("{scrape}{PAUSE_CPU_GAUGE}{{partition=\"0\",cause=\"snapshot\"}} 0.125\n");
+        let cpu = PAUSE_GAUGES[2];
+        assert_eq!(longest_pause(scrape, cpu), None);
+        let scrape = format!("{scrape}{cpu}{{partition=\"0\",cause=\"snapshot\"}} 0.125\n");
+        assert_eq!(longest_pause(&scrape, cpu).map(|p| p.seconds), Some(0.125));
         assert_eq!(
-            longest_pause(&scrape, PAUSE_CPU_GAUGE).map(|p| p.seconds),
-            Some(0.125)
-        );
-        assert_eq!(
-            longest_pause("spate_commands_applied_total 3\n", PAUSE_GAUGE),
+            longest_pause("spate_commands_applied_total 3\n", PAUSE_GAUGES[0]),
             None
         );
     }
@@ -438,12 +476,59 @@ mod tests {
             spate_apply_pause_seconds_bucket{le=\"0.01\",partition=\"1\",cause=\"journal\"} 4\n\
             spate_apply_pause_max_seconds{partition=\"1\",cause=\"journal\"} 0.02\n";
         assert_eq!(
-            count_pauses(scrape),
+            count_pauses(scrape, PAUSE_HISTOGRAM),
             PauseCounts {
                 all: 45,
                 over_budget: 4
             }
         );
-        assert_eq!(count_pauses(""), PauseCounts::default());
+        assert_eq!(
+            count_pauses(scrape, PAUSE_OWN_HISTOGRAM),
+            PauseCounts::default()
+        );
+        let own = scrape.replace("spate_apply_pause_seconds", "spate_apply_pause_own_seconds");
+        assert_eq!(count_pauses(&own, PAUSE_OWN_HISTOGRAM).over_budget, 4);
+        assert_eq!(count_pauses(&own, PAUSE_HISTOGRAM), PauseCounts::default());
+    }
+
+    #[test]
+    fn the_report_line_splits_the_longest_pause_by_where_its_time_went() {
+        let pause = |ms: f64| {
+            Some(Pause {
+                seconds: ms / 1e3,
+                cause: "snapshot".into(),
+                partition: "1".into(),
+            })
+        };
+        *LONGEST_PAUSES.lock().unwrap() = LongestPauses {
+            by_gauge: [
+                pause(13.8),
+                pause(3.1),
+                pause(2.9),
+                pause(12.5),
+                pause(13.2),
+            ],
+            counted: PauseCounts {
+                all: 2023,
+                over_budget: 5,
+            },
+            counted_own: PauseCounts {
+                all: 2023,
+                over_budget: 0,
+            },
+        };
+        assert_eq!(
+            take_longest_pause(),
+            "Longest apply pause of this benchmark's servers: **13.8 ms (snapshot, partition 1)**; \
+             5 of 2023 pauses passed 10 ms. Less the time their thread waited for a core, the \
+             longest: **3.1 ms (snapshot, partition 1)**; 0 passed 10 ms. The longest time one pause \
+             spent on a core 2.9 ms (snapshot, partition 1); queued behind other threads 12.5 ms \
+             (snapshot, partition 1); on a core the host did not run 13.2 ms (snapshot, partition \
+             1).\n"
+        );
+        assert_eq!(
+            take_longest_pause(),
+            "Longest apply pause of this benchmark's servers: none recorded.\n"
+        );
     }
 }
