@@ -2,7 +2,9 @@
 //! its journal fails, serves reads meanwhile, takes writes again once space is freed, and loses nothing
 //! it acknowledged. The file system is real and small: a 16 MiB tmpfs mounted in a mount namespace of
 //! its own (`unshare`, which needs root, as CI has), kept by a holder process that the servers join
-//! (`nsenter`), so that the file system outlives a server killed with SIGKILL.
+//! (`nsenter`), so that the file system outlives a server killed with SIGKILL. A server stopped while
+//! the file system has no room left at all cannot write its final snapshot: it says so in its exit
+//! status, and the next start replays the journal instead.
 
 mod support;
 
@@ -68,6 +70,26 @@ impl SmallDisk {
 
     fn filler(&self) -> String {
         self.root.join("filler").display().to_string()
+    }
+
+    /// Takes every byte left: writes zeros until the file system refuses.
+    fn fill_up(&self) {
+        let filler = self.root.join("filler-rest").display().to_string();
+        self.run(&[
+            "sh",
+            "-c",
+            "dd if=/dev/zero of=\"$0\" bs=4096 2>/dev/null; test \"$(df --output=avail -B1 \"$0\" | tail -1)\" -lt 4096",
+            &filler,
+        ]);
+    }
+
+    fn free_up(&self) {
+        self.run(&[
+            "rm",
+            "-f",
+            &self.filler(),
+            &format!("{}-rest", self.filler()),
+        ]);
     }
 }
 
@@ -171,7 +193,7 @@ fn a_full_disk_refuses_writes_serves_reads_and_recovers_when_space_is_freed() {
     assert_eq!(metric(&server.base, "spate_journal_failures"), 0.0);
 
     // Space freed: writes come back by themselves.
-    disk.run(&["rm", &disk.filler()]);
+    disk.free_up();
     let mut tag = 1_000_000;
     assert!(
         eventually(Duration::from_secs(10), || {
@@ -190,4 +212,48 @@ fn a_full_disk_refuses_writes_serves_reads_and_recovers_when_space_is_freed() {
     // Every acknowledged entry is there after a crash, exactly once.
     let server = Server::start_via(&disk.launcher(), &data_dir, &args);
     assert_eq!(tags(&server.base), acknowledged);
+}
+
+#[test]
+fn a_final_snapshot_with_no_room_fails_the_stop_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = SmallDisk::mount(dir.path());
+    let data_dir = dir.path().join("data");
+    let reserve = RESERVE_MB.to_string();
+    let args = [
+        "--partitions",
+        "1",
+        "--apps",
+        "tally",
+        "--disk-reserve-mb",
+        &reserve,
+    ];
+    let server = Server::start_via(&disk.launcher(), &data_dir, &args);
+    let agent = agent();
+    let url = format!("{}/tally/accounts/alice/entries", server.base);
+    let acknowledged: Vec<u64> = (0..200).collect();
+    for &tag in &acknowledged {
+        let (status, body) = post(&agent, &url, None, &json!({"amount": 1, "tag": tag})).unwrap();
+        assert_eq!(status, 201, "{body}");
+    }
+
+    // Not a byte left for the snapshot SIGTERM writes.
+    disk.fill_up();
+    let status = server.terminate();
+    assert!(
+        !status.success(),
+        "the stop reported success though its final snapshot had no room: {status}"
+    );
+
+    // The journal holds every acknowledged entry; the failed snapshot left nothing a start trips on.
+    disk.free_up();
+    let server = Server::start_via(&disk.launcher(), &data_dir, &args);
+    assert_eq!(tags(&server.base), acknowledged);
+    let url = format!("{}/tally/accounts/alice/entries", server.base);
+    let (status, body) = post(&agent, &url, None, &json!({"amount": 1, "tag": 200})).unwrap();
+    assert_eq!(status, 201, "{body}");
+    assert!(
+        server.terminate().success(),
+        "a stop with room must succeed"
+    );
 }

@@ -30,7 +30,9 @@ pub enum Durability {
 
 #[derive(Debug, Error)]
 pub enum JournalError {
-    #[error("journal I/O on {path}: {source}")]
+    /// An I/O error on one of the engine's files: a journal segment, a snapshot, the meta file. The
+    /// path says which.
+    #[error("I/O on {path}: {source}")]
     Io {
         path: PathBuf,
         #[source]

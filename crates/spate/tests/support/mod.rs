@@ -23,6 +23,9 @@ pub struct Server {
     pub stream: Option<String>,
 }
 
+/// How long a server may take to stop after SIGTERM: its final snapshots are small in these tests.
+const TERMINATE_TIMEOUT: Duration = Duration::from_secs(120);
+
 impl Server {
     /// Starts `spate serve` on a free port with `data_dir`; `file_bytes_max` limits the size of any file
     /// it writes (RLIMIT_FSIZE), which makes writes past it fail as a full disk would.
@@ -151,9 +154,21 @@ impl Server {
         self.child.wait().expect("reap");
     }
 
+    /// Stops the server with SIGTERM and returns how it exited; a server that has not exited within
+    /// [`TERMINATE_TIMEOUT`] fails the test (then is killed), rather than hanging it.
     pub fn terminate(mut self) -> std::process::ExitStatus {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        self.child.wait().expect("reap")
+        self.signal(libc::SIGTERM);
+        let deadline = Instant::now() + TERMINATE_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("reap") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server did not stop within {TERMINATE_TIMEOUT:?} of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
