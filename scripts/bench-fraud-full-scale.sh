@@ -61,7 +61,7 @@ echo "longest apply pause (snapshot): $(metric_max spate_apply_pause_max_seconds
     "less the time its thread waited for a core: $(metric_max spate_apply_pause_own_max_seconds);" \
     "the longest time one spent on a core $(metric_max spate_apply_pause_cpu_max_seconds)," \
     "queued behind other threads $(metric_max spate_apply_pause_queued_max_seconds)," \
-    "on a core the host did not run $(metric_max spate_apply_pause_stolen_max_seconds)"
+    "with its virtual CPU run for someone else $(metric_max spate_apply_pause_stolen_max_seconds)"
 over_budget() {
     curl -s "127.0.0.1:$port/metrics" | awk -v name="$1" '
         $1 ~ "^"name"_count\\{.*cause=\"snapshot\"" { all += $2 }

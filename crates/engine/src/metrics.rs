@@ -254,8 +254,9 @@ impl EngineMetrics {
         r.register(
             "apply_pause_own_seconds",
             "The same intervals less the time the partition's thread waited for a core: in a run \
-             queue behind other threads, or on its core while the host or interrupts held it (steal); \
-             what is left is the pause's own work and any time its thread blocked",
+             queue behind other threads, or while the host ran something else on its virtual CPU \
+             (steal) or interrupts held it; what is left is the pause's own work and any time its \
+             thread blocked",
             metrics.apply_pause_own_seconds.clone(),
         );
         r.register(
@@ -276,9 +277,10 @@ impl EngineMetrics {
         );
         r.register(
             "apply_pause_stolen_max_seconds",
-            "The longest time within one such interval that a partition's thread held its core without \
-             being run (the host ran something else on the virtual CPU, or interrupts), by cause; only \
-             counted in an interval in which the thread never left its core",
+            "The longest time within one such interval in which a partition's thread was neither on a \
+             core, nor queued, nor blocked: the host ran something else on its virtual CPU (steal) or \
+             interrupts held it, by cause; only counted in an interval in which the thread never \
+             blocked",
             metrics.apply_pause_stolen_max_seconds.clone(),
         );
         r.register(

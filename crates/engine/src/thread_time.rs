@@ -1,8 +1,9 @@
 //! Where a thread's time went while it paused, as the kernel counts it: on a core, waiting in a run
-//! queue behind other threads, or neither. Measured on this project's 2-core VM, a snapshot step of
-//! 0.2-0.6 ms of CPU could take 10-14 ms by the wall: some had waited 10-12 ms in the run queue, and
-//! some had never left their core at all (no context switch, no wait counted) while the host ran
-//! something else on the virtual CPU (steal time). A pause's own share is what is left without those.
+//! queue behind other threads, blocked, or none of these: the host ran something else on the virtual
+//! CPU (steal) or interrupts held it. Measured on this project's 2-core VM (BENCHMARKS.md, "Apply
+//! pauses split by where their time went"), snapshot steps of 0.2-3 ms of CPU took 10-30 ms by the
+//! wall, and none of them blocked: they had waited in the run queue, or lost their core to the host.
+//! A pause's own share is what is left without those two.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -13,18 +14,11 @@ use std::time::Duration;
 pub(crate) struct ThreadTimes {
     /// On a core, user and system.
     pub cpu: Duration,
-    /// What `/proc/thread-self/schedstat` adds, where the kernel keeps it.
-    pub scheduler: Option<Scheduled>,
-}
-
-/// A thread's scheduling counts from `/proc/thread-self/schedstat`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Scheduled {
-    /// Runnable but waiting in a run queue for a core that other threads held.
-    pub queued: Duration,
-    /// How many times the thread was put on a core: unchanged over an interval means that it never
-    /// left its core, neither preempted nor blocked.
-    pub times_on_core: u64,
+    /// Runnable in a run queue while other threads held the cores, from `/proc/thread-self/schedstat`
+    /// where the kernel keeps it.
+    pub queued: Option<Duration>,
+    /// Times the thread gave up its core to wait for something (voluntary context switches).
+    pub waits: i64,
 }
 
 thread_local! {
@@ -34,30 +28,36 @@ thread_local! {
 
 impl ThreadTimes {
     /// The calling thread's times now. The CPU clock is read first, so that at a pause's start the
-    /// read of the counts (and the file's opening, on a thread's first pause) falls within the CPU
+    /// reads of the counts (and the file's opening, on a thread's first pause) fall within the CPU
     /// time measured, not in what is left for the host.
     pub fn now() -> Self {
         let cpu = thread_cpu_time();
-        let scheduler = SCHEDSTAT.with(|file| {
+        let queued = SCHEDSTAT.with(|file| {
             let mut text = [0u8; 96];
             let read = file.as_ref()?.read_at(&mut text, 0).ok()?;
             parse_schedstat(std::str::from_utf8(&text[..read]).ok()?)
         });
-        Self { cpu, scheduler }
+        // SAFETY: a zeroed rusage is valid for the call to fill.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `usage` is valid; RUSAGE_THREAD exists since Linux 2.6.26.
+        let status = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
+        debug_assert_eq!(status, 0, "RUSAGE_THREAD is always there");
+        Self {
+            cpu,
+            queued,
+            waits: usage.ru_nvcsw,
+        }
     }
 }
 
-/// `<ns on a core> <ns queued> <times on a core>`. The first is not taken: for a thread on a core it
-/// stands as of the last tick or switch, up to a tick behind the CPU clock.
-fn parse_schedstat(text: &str) -> Option<Scheduled> {
+/// The time queued of `<ns on a core> <ns queued> <times on a core>`. The first is not taken: for a
+/// thread on a core it stands as of the last tick or switch, up to a tick behind the CPU clock.
+fn parse_schedstat(text: &str) -> Option<Duration> {
     let mut fields = text.split_ascii_whitespace().map(str::parse::<u64>);
     let _cpu_ns = fields.next()?.ok()?;
     let queued_ns = fields.next()?.ok()?;
-    let times_on_core = fields.next()?.ok()?;
-    Some(Scheduled {
-        queued: Duration::from_nanos(queued_ns),
-        times_on_core,
-    })
+    let _times_on_core = fields.next()?.ok()?;
+    Some(Duration::from_nanos(queued_ns))
 }
 
 /// The CPU time the calling thread has used, user and system, to the nanosecond.
@@ -79,33 +79,37 @@ pub(crate) struct PauseSplit {
     pub cpu: Duration,
     /// Waiting in a run queue for a core other threads held.
     pub queued: Duration,
-    /// On its core but not run: only known when the thread never left the core, so that nothing
-    /// else (blocking, waiting) can explain the time. Then it is the host's (steal) or interrupts'.
+    /// Neither on a core, nor queued, nor blocked: the host's (steal) or interrupts'. Only known when
+    /// the thread never blocked, since time blocked cannot be measured apart from it.
     pub stolen: Duration,
 }
 
 impl PauseSplit {
     pub fn of(wall: Duration, start: ThreadTimes, end: ThreadTimes) -> Self {
         let cpu = end.cpu.saturating_sub(start.cpu).min(wall);
-        let (queued, stolen) = match (start.scheduler, end.scheduler) {
-            (Some(start), Some(end)) if end.times_on_core == start.times_on_core => {
-                (Duration::ZERO, wall - cpu)
+        let (queued, stolen) = match (start.queued, end.queued) {
+            (Some(start_queued), Some(end_queued)) => {
+                let queued = end_queued.saturating_sub(start_queued).min(wall - cpu);
+                let stolen = if end.waits == start.waits {
+                    wall - cpu - queued
+                } else {
+                    Duration::ZERO
+                };
+                (queued, stolen)
             }
-            (Some(start), Some(end)) => (end.queued.saturating_sub(start.queued), Duration::ZERO),
             // Without the counts every moment off the core is charged to the pause itself.
             _ => (Duration::ZERO, Duration::ZERO),
         };
         Self {
             wall,
             cpu,
-            queued: queued.min(wall - cpu),
+            queued,
             stolen,
         }
     }
 
     /// The pause less the time its thread waited for a core: its CPU time, and its time blocked
-    /// (with any time the host took while the thread also blocked or queued, which cannot be told
-    /// apart from it).
+    /// (with any time the host took from a pause that also blocked, which cannot be told apart).
     pub fn own(&self) -> Duration {
         self.wall - self.queued - self.stolen
     }
@@ -119,13 +123,11 @@ mod tests {
         Duration::from_secs_f64(ms / 1e3)
     }
 
-    fn times(cpu_ms: f64, queued_ms: f64, times_on_core: u64) -> ThreadTimes {
+    fn times(cpu_ms: f64, queued_ms: f64, waits: i64) -> ThreadTimes {
         ThreadTimes {
             cpu: ms(cpu_ms),
-            scheduler: Some(Scheduled {
-                queued: ms(queued_ms),
-                times_on_core,
-            }),
+            queued: Some(ms(queued_ms)),
+            waits,
         }
     }
 
@@ -133,10 +135,7 @@ mod tests {
     fn schedstat_is_parsed_and_the_calling_thread_has_one() {
         assert_eq!(
             parse_schedstat("182738919 151607 24\n"),
-            Some(Scheduled {
-                queued: Duration::from_nanos(151_607),
-                times_on_core: 24
-            })
+            Some(Duration::from_nanos(151_607))
         );
         assert_eq!(parse_schedstat("182738919 151607\n"), None);
         assert_eq!(parse_schedstat("x 1 2"), None);
@@ -147,36 +146,39 @@ mod tests {
             spin = std::hint::black_box(spin + 1);
         }
         let after = ThreadTimes::now();
-        assert!(before.scheduler.is_some(), "no /proc/thread-self/schedstat");
+        assert!(before.queued.is_some(), "no /proc/thread-self/schedstat");
         assert!(after.cpu >= before.cpu + ms(2.0));
     }
 
     #[test]
-    fn a_thread_that_never_left_its_core_lost_the_rest_to_the_host() {
-        // Measured: 12.8 ms by the wall, 0.2 ms of CPU, no context switch.
-        let split = PauseSplit::of(ms(12.8), times(100.0, 5.0, 7), times(100.2, 5.0, 7));
-        assert_eq!(split.stolen, ms(12.8) - (ms(100.2) - ms(100.0)));
-        assert_eq!(split.queued, Duration::ZERO);
+    fn a_pause_that_never_blocked_lost_what_it_did_not_run_or_queue_to_the_host() {
+        // Measured (fraud, 30 M cards): 30.5 ms by the wall, 3.1 ms of CPU, 16.7 ms queued after one
+        // preemption, no voluntary switch.
+        let split = PauseSplit::of(ms(30.5), times(100.0, 5.0, 7), times(103.1, 21.7, 7));
+        assert_eq!(split.cpu, ms(103.1) - ms(100.0));
+        assert_eq!(split.queued, ms(21.7) - ms(5.0));
+        assert_eq!(split.stolen, ms(30.5) - split.cpu - split.queued);
         assert_eq!(split.own(), split.cpu);
+        // Never off its core at all: 12.8 ms by the wall, 0.2 ms of CPU.
+        let split = PauseSplit::of(ms(12.8), times(100.0, 5.0, 7), times(100.2, 5.0, 7));
+        assert_eq!(split.own(), split.cpu);
+        assert_eq!(split.stolen, ms(12.8) - split.cpu);
     }
 
     #[test]
-    fn time_in_the_run_queue_is_not_the_pause_s_own_but_time_blocked_is() {
-        // Preempted once, 11.9 ms queued.
-        let split = PauseSplit::of(ms(12.43), times(10.0, 1.0, 3), times(10.54, 12.89, 4));
-        assert_eq!(split.queued, ms(12.89) - ms(1.0));
+    fn a_pause_that_blocked_keeps_all_but_its_time_queued() {
+        let split = PauseSplit::of(ms(23.0), times(10.0, 1.0, 3), times(13.0, 5.0, 4));
+        assert_eq!(split.queued, ms(5.0) - ms(1.0));
         assert_eq!(split.stolen, Duration::ZERO);
-        assert_eq!(split.own(), ms(12.43) - split.queued);
-        // Blocked 10 ms and never queued: all its own.
-        let split = PauseSplit::of(ms(23.0), times(10.0, 1.0, 3), times(23.0, 1.0, 4));
-        assert_eq!(split.own(), ms(23.0));
+        assert_eq!(split.own(), ms(23.0) - split.queued);
     }
 
     #[test]
     fn without_schedstat_the_whole_pause_is_its_own() {
         let cpu_only = |cpu_ms| ThreadTimes {
             cpu: ms(cpu_ms),
-            scheduler: None,
+            queued: None,
+            waits: 0,
         };
         let split = PauseSplit::of(ms(12.0), cpu_only(1.0), cpu_only(1.5));
         assert_eq!(split.own(), ms(12.0));
@@ -221,5 +223,18 @@ mod tests {
         assert!(split.queued >= ms(5.0), "{split:?}");
         assert!(split.own() + ms(1.0) < split.wall, "{split:?}");
         assert!(split.own() >= split.cpu, "{split:?}");
+    }
+
+    #[test]
+    fn a_thread_that_sleeps_blocks_and_its_sleep_is_its_own() {
+        let started = std::time::Instant::now();
+        let start = ThreadTimes::now();
+        std::thread::sleep(ms(20.0));
+        let end = ThreadTimes::now();
+        let split = PauseSplit::of(started.elapsed(), start, end);
+        assert!(end.waits > start.waits, "{start:?} {end:?}");
+        assert_eq!(split.stolen, Duration::ZERO);
+        // Its 20 ms asleep are neither CPU nor queued, yet not the host's: they stay its own.
+        assert!(split.own() > split.cpu + ms(1.0), "{split:?}");
     }
 }

@@ -98,7 +98,7 @@ impl std::fmt::Display for Pause {
 
 /// The gauges a report quotes, in the order of [`LongestPauses::by_gauge`]: the longest pause, the
 /// longest less the time its thread waited for a core, and the longest part of one pause spent on a
-/// core, queued behind other threads, and held but not run by the host.
+/// core, queued behind other threads, and neither (the host's).
 const PAUSE_GAUGES: [&str; 5] = [
     "spate_apply_pause_max_seconds",
     "spate_apply_pause_own_max_seconds",
@@ -162,7 +162,7 @@ pub fn take_longest_pause() -> String {
     let parts: Vec<String> = [
         (cpu, "on a core"),
         (queued, "queued behind other threads"),
-        (stolen, "on a core the host did not run"),
+        (stolen, "with its virtual CPU run for someone else"),
     ]
     .into_iter()
     .filter_map(|(pause, part)| Some(format!("{part} {}", pause?)))
@@ -523,8 +523,8 @@ mod tests {
              5 of 2023 pauses passed 10 ms. Less the time their thread waited for a core, the \
              longest: **3.1 ms (snapshot, partition 1)**; 0 passed 10 ms. The longest time one pause \
              spent on a core 2.9 ms (snapshot, partition 1); queued behind other threads 12.5 ms \
-             (snapshot, partition 1); on a core the host did not run 13.2 ms (snapshot, partition \
-             1).\n"
+             (snapshot, partition 1); with its virtual CPU run for someone else 13.2 ms (snapshot, \
+             partition 1).\n"
         );
         assert_eq!(
             take_longest_pause(),
