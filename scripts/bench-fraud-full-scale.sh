@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # fraud at the case study's full scale: CARDS cards x 20 generated in place, COUNT transactions streamed
-# through the acknowledged stream, then the longest apply pause (and the longest less the time its
-# thread waited for a core, with the longest parts of one by where they went), how many snapshot
-# pauses passed 10 ms, the server's RSS and data directory, and a restart from kill -9
+# through the acknowledged stream, then the longest apply pause (and the longest own share, with the
+# longest part of any pause by where it went), how many snapshot pauses passed 10 ms, the server's RSS and data directory, and a restart from kill -9
 # timed until the server answers again, with what each partition restored and replayed (the server's
 # "partition recovered" log lines) and the start-up phases ("engine recovered").
 # Needs about 17 GB of memory and 16 GB of disk at the default 30 M cards (BENCHMARKS.md, "fraud: the
@@ -36,10 +35,6 @@ start() {
     done
 }
 
-metric_max() {
-    curl -s "127.0.0.1:$port/metrics" | awk -v name="$1" '$1 ~ "^"name"\\{" && $1 ~ /cause="snapshot"/ {
-        if ($2 > max) max = $2 } END { printf "%.1f ms\n", max * 1000 }'
-}
 
 if [ "${COLD:-0}" = 1 ] && [ ! -w /proc/sys/vm/drop_caches ]; then
     echo "COLD=1 drops the page cache: /proc/sys/vm/drop_caches must be writable (root)" >&2
@@ -57,19 +52,24 @@ echo "history: $cards cards x 20 generated and stored in $(seconds_since "$begin
     --start-ms 1800000100000 --batch 8192 --window 32 >"$dir/push.json"
 echo "stream: $(cat "$dir/push.json")"
 echo "RSS after the stream: $(rss_mib) MiB; data directory $(du -sm "$dir/data" | cut -f1) MiB"
-echo "longest apply pause (snapshot): $(metric_max spate_apply_pause_max_seconds)," \
-    "less the time its thread waited for a core: $(metric_max spate_apply_pause_own_max_seconds);" \
-    "the longest time one spent on a core $(metric_max spate_apply_pause_cpu_max_seconds)," \
-    "queued behind other threads $(metric_max spate_apply_pause_queued_max_seconds)," \
-    "with its virtual CPU run for someone else $(metric_max spate_apply_pause_stolen_max_seconds)"
+metrics=$(curl -s "127.0.0.1:$port/metrics")
+metric_max() {
+    echo "$metrics" | awk -v name="$1" '$1 ~ "^"name"\\{" && $1 ~ /cause="snapshot"/ {
+        if ($2 > max) max = $2 } END { printf "%.1f ms\n", max * 1000 }'
+}
 over_budget() {
-    curl -s "127.0.0.1:$port/metrics" | awk -v name="$1" '
+    echo "$metrics" | awk -v name="$1" '
         $1 ~ "^"name"_count\\{.*cause=\"snapshot\"" { all += $2 }
         $1 ~ "^"name"_bucket\\{le=\"0.01\",.*cause=\"snapshot\"" { within += $2 }
         END { printf "%d of %d", all - within, all }'
 }
+echo "longest apply pause (snapshot): $(metric_max spate_apply_pause_max_seconds)," \
+    "its own share at most $(metric_max spate_apply_pause_own_max_seconds); the longest part of any" \
+    "one on a core $(metric_max spate_apply_pause_cpu_max_seconds)," \
+    "runnable but not running $(metric_max spate_apply_pause_queued_max_seconds)," \
+    "neither (host steal or interrupts) $(metric_max spate_apply_pause_stolen_max_seconds)"
 echo "snapshot pauses over 10 ms: $(over_budget spate_apply_pause_seconds);" \
-    "less the waits for a core: $(over_budget spate_apply_pause_own_seconds)"
+    "own shares over 10 ms: $(over_budget spate_apply_pause_own_seconds)"
 echo "snapshots written: $(curl -s "127.0.0.1:$port/metrics" |
     awk '/^spate_snapshot_seconds_count/ {n += $2} END {print n + 0}')"
 stats=$(curl -s "127.0.0.1:$port/fraud/stats")

@@ -4,7 +4,7 @@
 use crate::PartitionId;
 use crate::release::ReleaseMetrics;
 use crate::scrub::ScrubMetrics;
-use crate::thread_time::{PauseSplit, ThreadTimes};
+pub(crate) use crate::thread_time::PauseTimer;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -12,7 +12,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
-use std::time::Instant;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PartitionLabel {
@@ -58,8 +57,8 @@ fn new_pause_histogram() -> Histogram {
 }
 
 /// One cause's pauses of one partition: every one in a histogram, and the longest as a gauge, since a
-/// histogram only bounds it; the same for each pause less the time its thread waited for a core (its
-/// own share); and the longest single parts of a pause by where they went.
+/// histogram only bounds it; the same for each pause's own share (see `thread_time.rs`); and the
+/// longest part of any pause by where it went.
 #[derive(Clone)]
 pub(crate) struct PauseMetric {
     seconds: Histogram,
@@ -75,35 +74,19 @@ impl PauseMetric {
     /// Records the pause `timer` measured, ending now. Only the partition's thread records, so reading
     /// and raising a maximum need no compare-and-swap.
     pub fn record(&self, timer: PauseTimer) {
-        let end = ThreadTimes::now();
-        let split = PauseSplit::of(timer.started.elapsed(), timer.times, end);
-        self.seconds.observe(split.wall.as_secs_f64());
+        let split = timer.stop();
+        self.seconds.observe(split.wall().as_secs_f64());
         self.own_seconds.observe(split.own().as_secs_f64());
         for (gauge, part) in [
-            (&self.max_seconds, split.wall),
+            (&self.max_seconds, split.wall()),
             (&self.own_max_seconds, split.own()),
-            (&self.cpu_max_seconds, split.cpu),
-            (&self.queued_max_seconds, split.queued),
-            (&self.stolen_max_seconds, split.stolen),
+            (&self.cpu_max_seconds, split.cpu()),
+            (&self.queued_max_seconds, split.queued()),
+            (&self.stolen_max_seconds, split.stolen()),
         ] {
             if part.as_secs_f64() > gauge.get() {
                 gauge.set(part.as_secs_f64());
             }
-        }
-    }
-}
-
-/// Measures a pause from its start: the time it took, and how the thread's time went meanwhile.
-pub(crate) struct PauseTimer {
-    started: Instant,
-    times: ThreadTimes,
-}
-
-impl PauseTimer {
-    pub fn start() -> Self {
-        Self {
-            started: Instant::now(),
-            times: ThreadTimes::now(),
         }
     }
 }
@@ -253,15 +236,16 @@ impl EngineMetrics {
         );
         r.register(
             "apply_pause_own_seconds",
-            "The same intervals less the time the partition's thread waited for a core: in a run \
-             queue behind other threads, or while the host ran something else on its virtual CPU \
-             (steal) or interrupts held it; what is left is the pause's own work and any time its \
-             thread blocked",
+            "The same intervals less the time the partition's thread was runnable but not running \
+             (behind other threads, the process's own among them, or held by a CPU quota) and, in an \
+             interval in which it never blocked, the time it was neither on a core nor runnable (the \
+             host ran something else on its virtual CPU, or interrupts held it); nothing is taken from \
+             an interval that waited for another of spate's threads",
             metrics.apply_pause_own_seconds.clone(),
         );
         r.register(
             "apply_pause_own_max_seconds",
-            "The longest such interval less the time its thread waited for a core, by cause",
+            "The longest such interval less those waits, by cause",
             metrics.apply_pause_own_max_seconds.clone(),
         );
         r.register(
@@ -271,15 +255,15 @@ impl EngineMetrics {
         );
         r.register(
             "apply_pause_queued_max_seconds",
-            "The longest time a partition's thread waited in a run queue behind other threads within \
-             one such interval, by cause",
+            "The longest time a partition's thread was runnable but not running within one such \
+             interval, by cause",
             metrics.apply_pause_queued_max_seconds.clone(),
         );
         r.register(
             "apply_pause_stolen_max_seconds",
             "The longest time within one such interval in which a partition's thread was neither on a \
-             core, nor queued, nor blocked: the host ran something else on its virtual CPU (steal) or \
-             interrupts held it, by cause; only counted in an interval in which the thread never \
+             core, nor runnable, nor blocked: the host ran something else on its virtual CPU (steal) \
+             or interrupts held it, by cause; only counted in an interval in which the thread never \
              blocked",
             metrics.apply_pause_stolen_max_seconds.clone(),
         );

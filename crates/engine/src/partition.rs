@@ -612,6 +612,7 @@ impl PartitionThread {
             Ok(()) => {}
             Err(TrySendError::Full(batch)) => {
                 let pause = PauseTimer::start();
+                crate::thread_time::note_hand_off_wait();
                 self.writer
                     .send(batch)
                     .expect("the writer outlives its partition");

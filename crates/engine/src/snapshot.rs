@@ -6,7 +6,7 @@
 //! fsynced, renamed into place and the directory fsynced: a crash leaves either the old or the new file.
 
 use crate::journal::{JournalError, Lsn};
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, Sender, TrySendError};
 use std::fs::{self, File};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -289,8 +289,16 @@ impl ChunkSender {
     }
 
     fn send(&self, chunk: SnapshotChunk) -> io::Result<()> {
-        (self.chunks.send(chunk))
-            .map_err(|_| io::Error::other("the thread writing the snapshot's file stopped"))
+        let stopped = || io::Error::other("the thread writing the snapshot's file stopped");
+        match self.chunks.try_send(chunk) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(chunk)) => {
+                // A pause that waits here waits for the disk: its time stays its own.
+                crate::thread_time::note_hand_off_wait();
+                self.chunks.send(chunk).map_err(|_| stopped())
+            }
+            Err(TrySendError::Disconnected(_)) => Err(stopped()),
+        }
     }
 
     /// True while at most half of the chunk queue is taken, so that a step of the snapshot (its budget

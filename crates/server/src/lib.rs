@@ -221,10 +221,7 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     let stopped = tokio::task::spawn_blocking(move || engine.shutdown())
         .await
         .map_err(|e| e.to_string())?;
-    // A final snapshot is a shortcut for the next start, never the only copy of anything.
-    stopped.map_err(|error| {
-        format!("{error}; every acknowledged write is in the journal, which the next start replays")
-    })?;
+    stopped?;
     tracing::info!("shut down cleanly");
     Ok(())
 }

@@ -601,7 +601,7 @@ fn unknown_methods_do_not_grow_the_metrics() {
 
 /// A snapshot's start and each of its steps are intervals in which the partition applies nothing:
 /// `/metrics` shows each in `spate_apply_pause_seconds` and the longest in
-/// `spate_apply_pause_max_seconds`, by cause; each again less the time its thread waited for a core
+/// `spate_apply_pause_max_seconds`, by cause; each again as its own share
 /// (`spate_apply_pause_own_seconds`), never longer than the pause itself.
 #[test]
 fn snapshot_pauses_are_in_the_metrics() {

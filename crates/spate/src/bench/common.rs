@@ -97,8 +97,8 @@ impl std::fmt::Display for Pause {
 }
 
 /// The gauges a report quotes, in the order of [`LongestPauses::by_gauge`]: the longest pause, the
-/// longest less the time its thread waited for a core, and the longest part of one pause spent on a
-/// core, queued behind other threads, and neither (the host's).
+/// longest own share (`thread_time.rs` in the engine), and the longest part of any pause on a core,
+/// runnable but not running, and neither (the host's or interrupts').
 const PAUSE_GAUGES: [&str; 5] = [
     "spate_apply_pause_max_seconds",
     "spate_apply_pause_own_max_seconds",
@@ -127,16 +127,17 @@ struct PauseCounts {
     over_budget: u64,
 }
 
+impl PauseCounts {
+    const NONE: Self = Self {
+        all: 0,
+        over_budget: 0,
+    };
+}
+
 static LONGEST_PAUSES: std::sync::Mutex<LongestPauses> = std::sync::Mutex::new(LongestPauses {
     by_gauge: [None, None, None, None, None],
-    counted: PauseCounts {
-        all: 0,
-        over_budget: 0,
-    },
-    counted_own: PauseCounts {
-        all: 0,
-        over_budget: 0,
-    },
+    counted: PauseCounts::NONE,
+    counted_own: PauseCounts::NONE,
 });
 
 /// The longest pause of the servers stopped since the last call, as a line for a benchmark's report.
@@ -155,20 +156,21 @@ pub fn take_longest_pause() -> String {
     );
     if let Some(own) = own {
         line += &format!(
-            ". Less the time their thread waited for a core, the longest: **{own}**; {} passed 10 ms",
+            ". Less the time their thread was runnable but not running or lost to the host, the \
+             longest: **{own}**; {} passed 10 ms",
             counted_own.over_budget
         );
     }
     let parts: Vec<String> = [
         (cpu, "on a core"),
-        (queued, "queued behind other threads"),
-        (stolen, "with its virtual CPU run for someone else"),
+        (queued, "runnable but not running"),
+        (stolen, "neither (host steal or interrupts)"),
     ]
     .into_iter()
     .filter_map(|(pause, part)| Some(format!("{part} {}", pause?)))
     .collect();
     if !parts.is_empty() {
-        line += &format!(". The longest time one pause spent {}", parts.join("; "));
+        line += &format!(". The longest part of any one pause: {}", parts.join("; "));
     }
     line + ".\n"
 }
@@ -520,11 +522,11 @@ mod tests {
         assert_eq!(
             take_longest_pause(),
             "Longest apply pause of this benchmark's servers: **13.8 ms (snapshot, partition 1)**; \
-             5 of 2023 pauses passed 10 ms. Less the time their thread waited for a core, the \
-             longest: **3.1 ms (snapshot, partition 1)**; 0 passed 10 ms. The longest time one pause \
-             spent on a core 2.9 ms (snapshot, partition 1); queued behind other threads 12.5 ms \
-             (snapshot, partition 1); with its virtual CPU run for someone else 13.2 ms (snapshot, \
-             partition 1).\n"
+             5 of 2023 pauses passed 10 ms. Less the time their thread was runnable but not running \
+             or lost to the host, the longest: **3.1 ms (snapshot, partition 1)**; 0 passed 10 ms. \
+             The longest part of any one pause: on a core 2.9 ms (snapshot, partition 1); runnable \
+             but not running 12.5 ms (snapshot, partition 1); neither (host steal or interrupts) \
+             13.2 ms (snapshot, partition 1).\n"
         );
         assert_eq!(
             take_longest_pause(),
