@@ -10,7 +10,7 @@ mod support;
 
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use support::{Server, agent, eventually, get, metrics_text, post};
@@ -18,14 +18,18 @@ use support::{Server, agent, eventually, get, metrics_text, post};
 const DISK_MB: u64 = 16;
 const RESERVE_MB: u64 = 4;
 
-/// A tmpfs of `DISK_MB` at `root`, seen only by the holder and the processes that join it.
+/// A tmpfs of `DISK_MB` at `root`, seen only by the holder and the processes that join it; `root` is
+/// a temporary directory, removed once the holder is gone.
 struct SmallDisk {
     holder: Child,
     root: PathBuf,
+    _dir: tempfile::TempDir,
 }
 
 impl SmallDisk {
-    fn mount(root: &Path) -> Self {
+    fn mount() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
         let mut holder = Command::new("unshare")
             .args(["--mount", "--propagation", "private", "sh", "-c"])
             .arg(format!(
@@ -47,6 +51,7 @@ impl SmallDisk {
         Self {
             holder,
             root: root.to_path_buf(),
+            _dir: dir,
         }
     }
 
@@ -66,6 +71,23 @@ impl SmallDisk {
             .status()
             .unwrap();
         assert!(status.success(), "{command:?} failed: {status}");
+    }
+
+    /// Starts tally on one partition in the namespace, its data directory on the disk, the disk
+    /// guard's reserve at [`RESERVE_MB`].
+    fn start_tally(&self) -> Server {
+        let reserve = RESERVE_MB.to_string();
+        let args = [
+            "--partitions",
+            "1",
+            "--apps",
+            "tally",
+            "--segment-bytes",
+            "262144",
+            "--disk-reserve-mb",
+            &reserve,
+        ];
+        Server::start_via(&self.launcher(), &self.root.join("data"), &args)
     }
 
     fn filler(&self) -> String {
@@ -114,6 +136,10 @@ fn tags(base: &str) -> Vec<u64> {
         .collect()
 }
 
+fn entries_url(base: &str) -> String {
+    format!("{base}/tally/accounts/alice/entries")
+}
+
 fn health(base: &str) -> Value {
     let (status, body) = get(&agent(), &format!("{base}/health"));
     assert_eq!(
@@ -133,23 +159,10 @@ fn metric(base: &str, name: &str) -> f64 {
 
 #[test]
 fn a_full_disk_refuses_writes_serves_reads_and_recovers_when_space_is_freed() {
-    let dir = tempfile::tempdir().unwrap();
-    let disk = SmallDisk::mount(dir.path());
-    let data_dir = dir.path().join("data");
-    let reserve = RESERVE_MB.to_string();
-    let args = [
-        "--partitions",
-        "1",
-        "--apps",
-        "tally",
-        "--segment-bytes",
-        "262144",
-        "--disk-reserve-mb",
-        &reserve,
-    ];
-    let server = Server::start_via(&disk.launcher(), &data_dir, &args);
+    let disk = SmallDisk::mount();
+    let server = disk.start_tally();
     let agent = agent();
-    let url = format!("{}/tally/accounts/alice/entries", server.base);
+    let url = entries_url(&server.base);
 
     // Leave 384 KiB above the reserve, for the server's own writes to use up.
     let free_bytes = health(&server.base)["disk"]["free_bytes"].as_u64().unwrap();
@@ -210,27 +223,16 @@ fn a_full_disk_refuses_writes_serves_reads_and_recovers_when_space_is_freed() {
     server.kill9();
 
     // Every acknowledged entry is there after a crash, exactly once.
-    let server = Server::start_via(&disk.launcher(), &data_dir, &args);
+    let server = disk.start_tally();
     assert_eq!(tags(&server.base), acknowledged);
 }
 
 #[test]
 fn a_final_snapshot_with_no_room_fails_the_stop_and_loses_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let disk = SmallDisk::mount(dir.path());
-    let data_dir = dir.path().join("data");
-    let reserve = RESERVE_MB.to_string();
-    let args = [
-        "--partitions",
-        "1",
-        "--apps",
-        "tally",
-        "--disk-reserve-mb",
-        &reserve,
-    ];
-    let server = Server::start_via(&disk.launcher(), &data_dir, &args);
+    let disk = SmallDisk::mount();
+    let server = disk.start_tally();
     let agent = agent();
-    let url = format!("{}/tally/accounts/alice/entries", server.base);
+    let url = entries_url(&server.base);
     let acknowledged: Vec<u64> = (0..200).collect();
     for &tag in &acknowledged {
         let (status, body) = post(&agent, &url, None, &json!({"amount": 1, "tag": tag})).unwrap();
@@ -249,9 +251,9 @@ fn a_final_snapshot_with_no_room_fails_the_stop_and_loses_nothing() {
 
     // The journal holds every acknowledged entry; the failed snapshot left nothing a start trips on.
     disk.free_up();
-    let server = Server::start_via(&disk.launcher(), &data_dir, &args);
+    let server = disk.start_tally();
     assert_eq!(tags(&server.base), acknowledged);
-    let url = format!("{}/tally/accounts/alice/entries", server.base);
+    let url = entries_url(&server.base);
     let (status, body) = post(&agent, &url, None, &json!({"amount": 1, "tag": 200})).unwrap();
     assert_eq!(status, 201, "{body}");
     assert!(
