@@ -4,7 +4,7 @@
 use crate::PartitionId;
 use crate::release::ReleaseMetrics;
 use crate::scrub::ScrubMetrics;
-pub(crate) use crate::thread_time::PauseTimer;
+use crate::thread_time::PauseTimer;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
