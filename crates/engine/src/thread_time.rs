@@ -2,7 +2,7 @@
 //! runnable but not running (in a run queue behind other threads, or held by a CPU quota), blocked, or
 //! none of these: the host ran something else on the virtual CPU (steal), or interrupts held it (the
 //! process's own among them: TLB shootdowns, its I/O's softirqs). Logged on this project's 2-core VM
-//! (BENCHMARKS.md, "Apply pauses split by where their time went"), snapshot steps of 0.2-3 ms of CPU
+//! (BENCHMARKS.md, "Apply pauses split by where their time went"), snapshot steps of 0.1-3.3 ms of CPU
 //! took 10-30 ms by the wall without ever blocking: they had been runnable, or off every count.
 //!
 //! A pause's own share is the pause less those two. It stays whole, nothing taken away, whenever the
@@ -20,15 +20,15 @@ use std::time::{Duration, Instant};
 
 /// A thread's time as the kernel has counted it so far.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct ThreadTimes {
+struct ThreadTimes {
     /// On a core, user and system.
-    pub cpu: Duration,
+    cpu: Duration,
     /// Runnable but not running, from `/proc/thread-self/schedstat` where the kernel keeps it.
-    pub queued: Option<Duration>,
+    queued: Option<Duration>,
     /// Times the thread gave up its core to wait for something (voluntary context switches).
-    pub blocked: Option<i64>,
+    blocked: Option<i64>,
     /// Times the thread waited to hand work to another of spate's threads.
-    pub hand_off_waits: u64,
+    hand_off_waits: u64,
 }
 
 thread_local! {
