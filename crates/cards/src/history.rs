@@ -199,8 +199,9 @@ pub fn memory_estimate_bytes(cards: u64, len: usize, cap: usize) -> u64 {
     cards.saturating_mul(per_card)
 }
 
-/// How many transactions ahead [`HistoryStore::score_batch`] prefetches (measured: see BENCHMARKS.md).
-pub const PREFETCH_AHEAD: usize = 8;
+/// How many transactions' cards [`HistoryStore::score_batch`] looks up together (measured: see
+/// BENCHMARKS.md).
+pub const LOOKUP_GROUP: usize = 64;
 
 #[cfg(target_arch = "x86_64")]
 fn prefetch_read(address: *const u8) {
@@ -329,8 +330,10 @@ impl HistoryStore {
     }
 
     /// Scores and stores each of `txns` in order (see [`Self::score_and_store`]), appending the verdicts
-    /// to `verdicts`. Cards are random, so each history is a cache miss: the store starts fetching the
-    /// history of the transaction [`PREFETCH_AHEAD`] places ahead, so that misses overlap.
+    /// to `verdicts`. Cards are random, so each card costs two cache misses: its map slot, then its
+    /// history. Before scoring a group of [`LOOKUP_GROUP`] transactions the store looks up the next
+    /// group's cards one after another, so that their slots' misses overlap, and starts fetching
+    /// their histories, which then have the whole group's scoring to arrive.
     pub fn score_batch(
         &mut self,
         txns: &[Txn],
@@ -338,18 +341,27 @@ impl HistoryStore {
         window: &mut Vec<Txn>,
         verdicts: &mut Vec<u8>,
     ) {
-        for (index, txn) in txns.iter().enumerate() {
-            if let Some(ahead) = txns.get(index + PREFETCH_AHEAD) {
-                self.prefetch(ahead.card);
+        let mut groups = txns.chunks(LOOKUP_GROUP).peekable();
+        if let Some(first) = groups.peek() {
+            self.prefetch(first);
+        }
+        while let Some(group) = groups.next() {
+            if let Some(next) = groups.peek() {
+                self.prefetch(next);
             }
-            verdicts.push(self.score_and_store(txn, rules, window));
+            for txn in group {
+                verdicts.push(self.score_and_store(txn, rules, window));
+            }
         }
     }
 
-    fn prefetch(&self, card: u64) {
-        if let Some(packed) = self.get(card) {
-            for offset in (0..packed.len()).step_by(64) {
-                prefetch_read(packed.as_ptr().wrapping_add(offset));
+    /// Starts fetching the histories of `txns`' cards.
+    fn prefetch(&self, txns: &[Txn]) {
+        for txn in txns {
+            if let Some(packed) = self.get(txn.card) {
+                for offset in (0..packed.len()).step_by(64) {
+                    prefetch_read(packed.as_ptr().wrapping_add(offset));
+                }
             }
         }
     }
@@ -859,6 +871,38 @@ mod tests {
                     same_cards(&HistoryStore::restore(&mut bytes.as_slice()).unwrap(), &expected);
                 }
                 store.check();
+            }
+
+            /// A batch scored at once, its cards looked up a group ahead, gives the verdicts and the
+            /// store that scoring its transactions one at a time gives, cards repeated within and
+            /// across groups included.
+            #[test]
+            fn a_batch_scored_at_once_is_the_batch_scored_one_by_one(
+                history in proptest::collection::vec((0..48u64, 0..5_000u64, 0..1_000u64), 0..100),
+                batch in proptest::collection::vec((0..48u64, 0..5_000u64, 0..3_000u64), 0..(3 * LOOKUP_GROUP)),
+            ) {
+                let mut at_once = HistoryStore::with_segment_bits(20, 4);
+                for (card, minutes, amount) in history {
+                    at_once.store(&txn(card * 7_919, T + minutes * 60_000, amount), UNSCORED);
+                }
+                let mut one_by_one = HistoryStore::restore(&mut {
+                    let mut whole = Vec::new();
+                    at_once.write_snapshot(&mut whole).unwrap();
+                    whole
+                }.as_slice()).unwrap();
+                let txns: Vec<Txn> = batch
+                    .iter()
+                    .map(|&(card, minutes, amount)| txn(card * 7_919, T + minutes * 60_000, amount))
+                    .collect();
+                let mut window = Vec::new();
+                let mut verdicts = Vec::new();
+                at_once.score_batch(&txns, &CaseStudyRules, &mut window, &mut verdicts);
+                let expected: Vec<u8> = txns
+                    .iter()
+                    .map(|txn| one_by_one.score_and_store(txn, &CaseStudyRules, &mut window))
+                    .collect();
+                prop_assert_eq!(verdicts, expected);
+                same_cards(&at_once, &one_by_one);
             }
 
             /// A card stored at once is byte for byte the card stored one entry at a time (capacity and

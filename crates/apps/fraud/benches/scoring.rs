@@ -1,5 +1,6 @@
 //! Pure scoring on one core, no I/O: generated transactions against a generated 20-entry history per card.
-//! `cargo bench -p spate-fraud --bench scoring`
+//! `cargo bench -p spate-fraud --bench scoring`; `SCORING_CARDS=30000000` sets the history's cards
+//! (default 1 M; about 500 bytes each), so that more of them miss the cache.
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use spate_fraud::generator::{HistoryGenerator, Seeds, TxnGenerator};
@@ -7,23 +8,26 @@ use spate_fraud::history::{ENTRIES_PER_CARD_DEFAULT, HistoryStore, UNSCORED};
 use spate_fraud::rules::{CaseStudyRules, RuleSet};
 use std::hint::black_box;
 
-const CARDS: u32 = 1_000_000;
+const CARDS_DEFAULT: u32 = 1_000_000;
 const NOW_MS: u64 = 1_800_000_000_000;
 const BATCH: usize = 10_000;
 
 fn scoring(c: &mut Criterion) {
+    let cards: u32 = std::env::var("SCORING_CARDS").map_or(CARDS_DEFAULT, |cards| {
+        cards.parse().expect("SCORING_CARDS: a number of cards")
+    });
     let seeds = Seeds::default();
     let mut store = HistoryStore::new(ENTRIES_PER_CARD_DEFAULT);
-    store.reserve_cards(CARDS as usize);
-    for txn in HistoryGenerator::new(&seeds, CARDS, 20, NOW_MS) {
+    store.reserve_cards(cards as usize);
+    for txn in HistoryGenerator::new(&seeds, cards, 20, NOW_MS) {
         store.store(&txn, UNSCORED);
     }
-    let mut generator = TxnGenerator::new(&seeds, CARDS);
+    let mut generator = TxnGenerator::new(&seeds, cards);
     let mut window = Vec::new();
     let mut verdicts = Vec::with_capacity(BATCH);
     let mut group = c.benchmark_group("fraud");
     group.throughput(Throughput::Elements(BATCH as u64));
-    group.bench_function("score_and_store_1M_cards_x20", |b| {
+    group.bench_function(format!("score_and_store_{cards}_cards_x20"), |b| {
         b.iter_batched(
             || {
                 (0..BATCH)
