@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # fraud at the case study's full scale: CARDS cards x 20 generated in place, COUNT transactions streamed
 # through the acknowledged stream, then the longest apply pause (and the longest own share, with the
-# longest part of any pause by where it went), how many snapshot pauses passed 10 ms, the server's RSS and data directory, and a restart from kill -9
-# timed until the server answers again, with what each partition restored and replayed (the server's
-# "partition recovered" log lines) and the start-up phases ("engine recovered").
+# longest part of any pause by where it went), how many snapshot pauses passed 10 ms, the snapshots
+# written so far (the server's "snapshot written" log lines: when, at which LSN, in how long), the
+# server's RSS and data directory, and a restart from kill -9 timed until the server answers again,
+# with what each partition restored and replayed (the server's "partition recovered" log lines) and
+# the start-up phases ("engine recovered").
 # Needs about 17 GB of memory and 16 GB of disk at the default 30 M cards (BENCHMARKS.md, "fraud: the
 # case study's full scale").
 #
@@ -46,7 +48,7 @@ start
 begin=$(now)
 curl -sf -XPOST "127.0.0.1:$port/fraud/history/generate" -H 'content-type: application/json' \
     -d "{\"cards\":$cards,\"now_ms\":1800000000000}" >/dev/null
-echo "history: $cards cards x 20 generated and stored in $(seconds_since "$begin") s; RSS $(rss_mib) MiB"
+echo "history: $cards cards x 20 generated and stored in $(seconds_since "$begin") s (ended $(date -u +%H:%M:%S)); RSS $(rss_mib) MiB"
 
 "$bin" fraud push --server "127.0.0.1:$stream" --cards "$cards" --count "$count" \
     --start-ms 1800000100000 --batch 8192 --window 32 >"$dir/push.json"
@@ -72,6 +74,7 @@ echo "snapshot pauses over 10 ms: $(over_budget spate_apply_pause_seconds);" \
     "own shares over 10 ms: $(over_budget spate_apply_pause_own_seconds)"
 echo "snapshots written: $(curl -s "127.0.0.1:$port/metrics" |
     awk '/^spate_snapshot_seconds_count/ {n += $2} END {print n + 0}')"
+sed -n 's/^\([0-9T:-]*\)\..*snapshot written \(.*\)/  snapshot written at \1: \2/p' "$dir/serve.log"
 stats=$(curl -s "127.0.0.1:$port/fraud/stats")
 
 if [ "${STOP:-kill}" = term ]; then

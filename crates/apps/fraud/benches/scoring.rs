@@ -42,6 +42,16 @@ fn scoring(c: &mut Criterion) {
             BatchSize::LargeInput,
         )
     });
+    // A snapshot in the partition's steps (64 KiB each), into a sink: what reading the cards costs.
+    group.throughput(Throughput::Elements(u64::from(cards)));
+    group.sample_size(10);
+    group.bench_function(format!("snapshot_in_steps_{cards}_cards"), |b| {
+        b.iter(|| {
+            store.begin_snapshot();
+            while !store.snapshot_step(&mut std::io::sink(), 65_536).unwrap() {}
+        })
+    });
+    group.sample_size(100);
     let history: Vec<_> = HistoryGenerator::new(&seeds, 1, 20, NOW_MS).collect();
     let mut sorted = history.clone();
     sorted.sort_by_key(|h| std::cmp::Reverse(h.timestamp_ms()));
