@@ -15,7 +15,7 @@ use crate::record::{Envelope, Origin, begin_record, finish_record};
 use crate::snapshot::{ChunkReceiver, ChunkSender, Unpublished};
 use crate::stepped_snapshot::SteppedSnapshot;
 use crate::thread_time::PauseTimer;
-use crate::{AppId, CommandId, EngineError, PartitionId, Reply, app_bit};
+use crate::{AppId, CommandId, EngineError, PartitionId, Reply, StateMachine, app_bit};
 use crossbeam_channel::{Receiver, Select, Sender, TryRecvError, TrySendError, bounded};
 use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
@@ -895,8 +895,21 @@ impl PartitionThread {
             .recv()
             .expect("the writer answers stop")
             .map_err(|e| e.to_string());
+        free_in_background(self.core.partition, std::mem::take(&mut self.core.apps));
         snapshot.and(synced)
     }
+}
+
+/// Frees the apps' states of a stopped partition on a thread of their own, so that the stop does not
+/// wait for it: a large state goes back one allocation at a time (measured: 1.6-1.7 s per partition
+/// for fraud's 5 M cards x 20, after its final snapshot), and a process that exits meanwhile returns
+/// its memory at once. The states hold memory only: nothing waits for their drop.
+fn free_in_background(partition: PartitionId, apps: Vec<(AppId, Box<dyn StateMachine>)>) {
+    let spawned = std::thread::Builder::new()
+        .name(format!("p{partition}-free"))
+        .spawn(move || drop(apps));
+    // Without a thread, the spawn dropped its closure, states and all, in this thread.
+    drop(spawned);
 }
 
 /// What the thread publishing a written snapshot needs.
