@@ -31,10 +31,7 @@ start() {
         --listen "127.0.0.1:$port" --fraud-stream-listen "127.0.0.1:$stream" \
         --fraud-entries-per-card 20 >"$dir/serve.log" 2>&1 &
     pid=$!
-    until curl -sf "127.0.0.1:$port/health" >/dev/null; do
-        kill -0 "$pid" 2>/dev/null || { echo "$bin stopped before it served:"; tail -5 "$dir/serve.log"; exit 1; }
-        sleep 0.05
-    done
+    wait_until_serving "$port" "$dir/serve.log"
 }
 
 

@@ -201,7 +201,7 @@ pub fn memory_estimate_bytes(cards: u64, len: usize, cap: usize) -> u64 {
 
 /// How many transactions' cards [`HistoryStore::score_batch`] looks up together (measured: see
 /// BENCHMARKS.md).
-pub const LOOKUP_GROUP: usize = 64;
+const LOOKUP_GROUP_TXNS: usize = 64;
 
 #[cfg(target_arch = "x86_64")]
 fn prefetch_read(address: *const u8) {
@@ -330,8 +330,8 @@ impl HistoryStore {
     }
 
     /// Scores and stores each of `txns` in order (see [`Self::score_and_store`]), appending the verdicts
-    /// to `verdicts`. Cards are random, so each card costs two cache misses: its map slot, then its
-    /// history. Before scoring a group of [`LOOKUP_GROUP`] transactions the store looks up the next
+    /// to `verdicts`. Cards are random, so each card costs at least two cache misses: its map slot (and
+    /// the table's control bytes), then its history. Before scoring a group of [`LOOKUP_GROUP_TXNS`] transactions the store looks up the next
     /// group's cards one after another, so that their slots' misses overlap, and starts fetching
     /// their histories, which then have the whole group's scoring to arrive.
     pub fn score_batch(
@@ -341,13 +341,13 @@ impl HistoryStore {
         window: &mut Vec<Txn>,
         verdicts: &mut Vec<u8>,
     ) {
-        let mut groups = txns.chunks(LOOKUP_GROUP).peekable();
+        let mut groups = txns.chunks(LOOKUP_GROUP_TXNS).peekable();
         if let Some(first) = groups.peek() {
-            self.prefetch(first);
+            self.look_up_ahead(first);
         }
         while let Some(group) = groups.next() {
             if let Some(next) = groups.peek() {
-                self.prefetch(next);
+                self.look_up_ahead(next);
             }
             for txn in group {
                 verdicts.push(self.score_and_store(txn, rules, window));
@@ -355,8 +355,9 @@ impl HistoryStore {
         }
     }
 
-    /// Starts fetching the histories of `txns`' cards.
-    fn prefetch(&self, txns: &[Txn]) {
+    /// Looks up `txns`' cards one after another, so that the misses on their map slots overlap, and
+    /// starts fetching their histories.
+    fn look_up_ahead(&self, txns: &[Txn]) {
         for txn in txns {
             if let Some(packed) = self.get(txn.card) {
                 for offset in (0..packed.len()).step_by(64) {
@@ -879,7 +880,7 @@ mod tests {
             #[test]
             fn a_batch_scored_at_once_is_the_batch_scored_one_by_one(
                 history in proptest::collection::vec((0..48u64, 0..5_000u64, 0..1_000u64), 0..100),
-                batch in proptest::collection::vec((0..48u64, 0..5_000u64, 0..3_000u64), 0..(3 * LOOKUP_GROUP)),
+                batch in proptest::collection::vec((0..48u64, 0..5_000u64, 0..3_000u64), 0..(3 * LOOKUP_GROUP_TXNS)),
             ) {
                 let mut at_once = HistoryStore::with_segment_bits(20, 4);
                 for (card, minutes, amount) in history {

@@ -97,7 +97,9 @@ impl Effects<'_> {
     }
 }
 
-/// One app's state on one partition. Only the partition's thread ever touches it.
+/// One app's state on one partition. Only the partition's thread ever touches it, but for its drop: when
+/// the engine shuts down, the states are dropped on threads of their own after the stop has answered,
+/// and a process that exits first never drops them. A state must hold nothing whose drop matters.
 pub trait StateMachine: Any + Send {
     /// Applies one command. Must be deterministic: the result depends only on `self` and `command`
     /// (time and randomness are in `command.envelope`), never on the clock, a random source or I/O,

@@ -263,7 +263,7 @@ pub(crate) fn encode_message(message: &Internal) -> Option<Vec<u8>> {
             out.put_u16(*destination);
             out.put_u64(*seq);
         }
-        Internal::Snapshot(_) | Internal::Shutdown(_) => return None,
+        Internal::Snapshot(_) | Internal::Shutdown(..) => return None,
     }
     Some(out)
 }

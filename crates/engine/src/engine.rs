@@ -9,7 +9,7 @@ use crate::idempotency::IdempotencyTable;
 use crate::journal::{FileLogStore, JournalConfig, Log, LogStore};
 use crate::metrics::{EngineMetrics, PartitionLabel, PartitionMetrics};
 use crate::partition::{
-    self, Feed, Internal, Limits, Linger, PartitionShared, Request, SinceSnapshot,
+    self, Feed, Frees, Internal, Limits, Linger, PartitionShared, Request, SinceSnapshot,
 };
 use crate::projection::ProjectionRuntime;
 use crate::release::Releases;
@@ -536,7 +536,7 @@ impl Engine {
     }
 
     /// Drains every partition this node applies, writes final snapshots, syncs the journals and waits
-    /// for the threads.
+    /// for the threads; the apps' states are freed after, on threads of their own (`Frees::InBackground`).
     pub fn shutdown(self) -> Result<(), String> {
         let inner = &self.handle.inner;
         inner.scrubs.stop_all();
@@ -545,7 +545,9 @@ impl Engine {
         let running: Vec<PartitionId> = (0..inner.partition_count)
             .filter(|&partition| inner.is_here(partition))
             .collect();
-        let waits = self.handle.broadcast(&running, Internal::Shutdown);
+        let waits = self.handle.broadcast(&running, |done| {
+            Internal::Shutdown(done, Frees::InBackground)
+        });
         for (&partition, wait) in running.iter().zip(waits) {
             // The slot is locked only to look: a partition's thread may lock it as it stops.
             let slot = &inner.slots[usize::from(partition)];
@@ -980,7 +982,9 @@ impl EngineHandle {
         };
         inner.peers.set_here(partition, false);
         inner.slots[index].set_queue(None);
-        let wait = self.broadcast(&[partition], Internal::Shutdown);
+        let wait = self.broadcast(&[partition], |done| {
+            Internal::Shutdown(done, Frees::BeforeAnswering)
+        });
         let stopped = await_stopped(&wait[0], || running[0].is_finished());
         for thread in running {
             if thread.join().is_err() {

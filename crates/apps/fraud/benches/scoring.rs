@@ -10,6 +10,10 @@ use std::hint::black_box;
 
 const CARDS_DEFAULT: u32 = 1_000_000;
 const NOW_MS: u64 = 1_800_000_000_000;
+/// The engine's default `--snapshot-step-bytes`.
+const SNAPSHOT_STEP_BYTES: usize = 65_536;
+/// Criterion's own default, back after the snapshot's fewer samples.
+const CRITERION_SAMPLES_DEFAULT: usize = 100;
 const BATCH: usize = 10_000;
 
 fn scoring(c: &mut Criterion) {
@@ -42,16 +46,20 @@ fn scoring(c: &mut Criterion) {
             BatchSize::LargeInput,
         )
     });
-    // A snapshot in the partition's steps (64 KiB each), into a sink: what reading the cards costs.
+    // A snapshot in the partition's steps, into a sink: what reading the cards costs the store (the
+    // app's sealing of each step is not in it).
     group.throughput(Throughput::Elements(u64::from(cards)));
     group.sample_size(10);
     group.bench_function(format!("snapshot_in_steps_{cards}_cards"), |b| {
         b.iter(|| {
             store.begin_snapshot();
-            while !store.snapshot_step(&mut std::io::sink(), 65_536).unwrap() {}
+            while !store
+                .snapshot_step(&mut std::io::sink(), SNAPSHOT_STEP_BYTES)
+                .unwrap()
+            {}
         })
     });
-    group.sample_size(100);
+    group.sample_size(CRITERION_SAMPLES_DEFAULT);
     let history: Vec<_> = HistoryGenerator::new(&seeds, 1, 20, NOW_MS).collect();
     let mut sorted = history.clone();
     sorted.sort_by_key(|h| std::cmp::Reverse(h.timestamp_ms()));
