@@ -331,9 +331,10 @@ impl HistoryStore {
 
     /// Scores and stores each of `txns` in order (see [`Self::score_and_store`]), appending the verdicts
     /// to `verdicts`. Cards are random, so each card costs at least two cache misses: its map slot (and
-    /// the table's control bytes), then its history. Before scoring a group of [`LOOKUP_GROUP_TXNS`] transactions the store looks up the next
-    /// group's cards one after another, so that their slots' misses overlap, and starts fetching
-    /// their histories, which then have the whole group's scoring to arrive.
+    /// the table's control bytes), then its history. Before scoring a group of [`LOOKUP_GROUP_TXNS`]
+    /// transactions the store looks up the next group's cards one after another, so that their slots'
+    /// misses overlap, and starts fetching their histories, which then have the whole group's scoring
+    /// to arrive.
     pub fn score_batch(
         &mut self,
         txns: &[Txn],
