@@ -183,6 +183,34 @@ pub(crate) struct PartitionShared {
     pub archived_lsn: AtomicU64,
 }
 
+/// What one start of a partition (one [`pair`]) has made durable, and whether its journal failed: the
+/// word of its own writer, which is all its threads may trust. [`PartitionShared`] outlives the start
+/// and hears others: on a cluster node, `EngineHandle::follow` raises its `durable_lsn` with records
+/// another owner committed, and the partition's next start clears its `failed`. A start fenced off
+/// its log has applied records that will never be in it; had its snapshot waited on the shared word, it
+/// would have been published with them, holding records that are not the log's at those LSNs, and a
+/// later recovery from it would skip the log's own (acknowledged) ones.
+#[derive(Debug)]
+pub(crate) struct WriterProgress {
+    /// Every record below this LSN is durable in this start's log.
+    durable_lsn: AtomicU64,
+    /// Set once an append failed; never cleared.
+    failed: AtomicBool,
+}
+
+impl WriterProgress {
+    fn new(durable_lsn: Lsn) -> Self {
+        Self {
+            durable_lsn: AtomicU64::new(durable_lsn),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    fn failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+}
+
 /// App ids are below this.
 pub(crate) const APPS_MAX: usize = 64;
 
@@ -289,6 +317,7 @@ pub(crate) struct PartitionThread {
     pub internal: Receiver<Internal>,
     pub limits: Limits,
     pub shared: Arc<PartitionShared>,
+    progress: Arc<WriterProgress>,
     pub metrics: PartitionMetrics,
     pub snapshot_dir: PathBuf,
     /// Per projection: the LSN of this partition up to which its checkpoint covers the journal.
@@ -324,6 +353,7 @@ pub(crate) struct WriterThread {
     peers: Arc<Peers>,
     projections: Vec<(AppId, Sender<Feed>)>,
     shared: Arc<PartitionShared>,
+    progress: Arc<WriterProgress>,
     metrics: PartitionMetrics,
     archive: Option<ArchiveStore>,
     /// Set when storing archived records failed: none is stored after, so none is dropped from memory.
@@ -355,6 +385,7 @@ pub(crate) fn pair(
     );
     shared.durable_lsn.store(log.next_lsn(), Ordering::Release);
     shared.fed_lsn.store(log.next_lsn(), Ordering::Release);
+    let progress = Arc::new(WriterProgress::new(log.next_lsn()));
     let writer = WriterThread {
         partition: core.partition,
         log,
@@ -362,6 +393,7 @@ pub(crate) fn pair(
         peers,
         projections,
         shared: shared.clone(),
+        progress: progress.clone(),
         metrics: metrics.clone(),
         archive: core.archive.store().cloned(),
         archive_failed: false,
@@ -373,6 +405,7 @@ pub(crate) fn pair(
         internal,
         limits,
         shared,
+        progress,
         metrics,
         snapshot_dir,
         projection_floors,
@@ -657,7 +690,7 @@ impl PartitionThread {
                 payload,
                 reply_to,
             } => {
-                if self.shared.failed.load(Ordering::Acquire) {
+                if self.progress.failed() {
                     let _ = reply_to.send(Err(EngineError::JournalFailed));
                     return;
                 }
@@ -665,7 +698,7 @@ impl PartitionThread {
                     let _ = reply_to.send(Err(EngineError::UnknownApp(app)));
                     return;
                 }
-                let durable_lsn = self.shared.durable_lsn.load(Ordering::Acquire);
+                let durable_lsn = self.progress.durable_lsn.load(Ordering::Acquire);
                 let reply = match self.core.admit(command_id, &payload) {
                     Admission::Apply => None,
                     Admission::Duplicate { reply, lsn } if lsn < durable_lsn => {
@@ -685,7 +718,7 @@ impl PartitionThread {
                 self.release(Release::Reply(reply_to, Reply::Applied(reply)));
             }
             Request::Query(query) => {
-                if self.shared.failed.load(Ordering::Acquire) {
+                if self.progress.failed() {
                     query(&self.core)(Err(EngineError::JournalFailed));
                     return;
                 }
@@ -846,7 +879,7 @@ impl PartitionThread {
             partition: self.core.partition,
             lsn,
             started: Instant::now(),
-            shared: self.shared.clone(),
+            progress: self.progress.clone(),
             writer: self.writer.clone(),
             snapshot_dir: self.snapshot_dir.clone(),
             projection_floors: self.projection_floors.clone(),
@@ -883,14 +916,17 @@ impl PartitionThread {
             while this.snapshot.is_some() {
                 this.step_snapshot();
             }
-            // The snapshot is published once what it holds is durable.
-            this.barrier()?;
-            match this.publishing.take() {
+            // The snapshot is published once what it holds is durable, or given up if the journal
+            // failed: its answer is awaited either way, so that no thread of this start touches the
+            // snapshot directory after the stop answers (the partition may start here again).
+            let durable = this.barrier();
+            let published = match this.publishing.take() {
                 Some(publishing) => publishing
                     .recv()
                     .map_err(|_| "the snapshot publisher stopped".to_string())?,
                 None => Ok(()),
-            }
+            };
+            durable.and(published)
         };
         let earlier = finish(self);
         let pause = PauseTimer::start();
@@ -934,7 +970,7 @@ struct Publish {
     partition: PartitionId,
     lsn: Lsn,
     started: Instant,
-    shared: Arc<PartitionShared>,
+    progress: Arc<WriterProgress>,
     writer: Sender<ToWriter>,
     snapshot_dir: PathBuf,
     projection_floors: Vec<Arc<AtomicU64>>,
@@ -951,15 +987,15 @@ fn publish_snapshot(publish: Publish, out: Unpublished) -> Result<(), String> {
         partition,
         lsn,
         started,
-        shared,
+        progress,
         writer,
         snapshot_dir,
         projection_floors,
         metrics,
         archive,
     } = publish;
-    while shared.durable_lsn.load(Ordering::Acquire) < lsn {
-        if shared.failed.load(Ordering::Acquire) {
+    while progress.durable_lsn.load(Ordering::Acquire) < lsn {
+        if progress.failed() {
             return Err("the journal failed before the snapshot's records were durable".into());
         }
         std::thread::sleep(Duration::from_millis(1));
@@ -1003,8 +1039,7 @@ impl WriterThread {
             match message {
                 ToWriter::Batch(batch) => self.commit(batch),
                 ToWriter::Barrier(done) => {
-                    let failed = self.shared.failed.load(Ordering::Acquire);
-                    let _ = done.send(if failed {
+                    let _ = done.send(if self.progress.failed() {
                         Err(JournalError::Failed)
                     } else {
                         Ok(())
@@ -1025,7 +1060,7 @@ impl WriterThread {
     }
 
     fn commit(&mut self, batch: Batch) {
-        if batch.record_count > 0 && !self.shared.failed.load(Ordering::Acquire) {
+        if batch.record_count > 0 && !self.progress.failed() {
             debug_assert_eq!(
                 batch.first_lsn,
                 self.log.next_lsn(),
@@ -1042,6 +1077,9 @@ impl WriterThread {
             match appended {
                 Ok(()) => {
                     let durable_lsn = batch.first_lsn + batch.record_count;
+                    self.progress
+                        .durable_lsn
+                        .store(durable_lsn, Ordering::Release);
                     self.shared
                         .durable_lsn
                         .store(durable_lsn, Ordering::Release);
@@ -1051,11 +1089,12 @@ impl WriterThread {
                 Err(error) => {
                     tracing::error!(partition = self.partition, %error, "journal append failed; refusing writes");
                     self.metrics.journal_failures.inc();
+                    self.progress.failed.store(true, Ordering::Release);
                     self.shared.failed.store(true, Ordering::Release);
                 }
             }
         }
-        if self.shared.failed.load(Ordering::Acquire) {
+        if self.progress.failed() {
             // Nothing in this batch may be acknowledged, sent on or projected: it may not be on disk.
             for release in batch.releases {
                 match release {

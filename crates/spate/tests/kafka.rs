@@ -133,7 +133,18 @@ impl NodePlaces {
         let mut all = args.to_vec();
         all.extend(cluster.node_args(&id));
         all.extend(["--listen", &self.listens[i]]);
-        Server::start(self.dirs[i].path(), &all, None)
+        // SPATE_TEST_NODE_LOGS=dir appends node i's log to dir/node<id>.log, to follow a failure.
+        match std::env::var_os("SPATE_TEST_NODE_LOGS") {
+            Some(logs) => {
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(Path::new(&logs).join(format!("node{id}.log")))
+                    .expect("a node log file");
+                Server::start_logging_to(self.dirs[i].path(), &all, None, Stdio::from(file))
+            }
+            None => Server::start(self.dirs[i].path(), &all, None),
+        }
     }
 }
 
@@ -415,10 +426,14 @@ fn three_nodes_survive_pause_kill_lost_disk_and_restarts(cluster: &Cluster, seed
 
     // Every node answers for every partition (its reads forwarded to the owners) and its read model,
     // which follows the other nodes' partitions from Kafka, covers them all.
-    for i in 0..3 {
-        let label = format!("seed {seed}, three nodes, node {}", i + 1);
-        check_exactly_once(&base(&nodes, i), &acked, &label);
-    }
+    // A failure here is raised after the log itself is checked, so that it says whether a node's state
+    // or the log lost a command.
+    let nodes_checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        for i in 0..3 {
+            let label = format!("seed {seed}, three nodes, node {}", i + 1);
+            check_exactly_once(&base(&nodes, i), &acked, &label);
+        }
+    }));
     for (i, node) in nodes.into_iter().enumerate() {
         let status = node.unwrap().terminate();
         assert!(
@@ -434,7 +449,14 @@ fn three_nodes_survive_pause_kill_lost_disk_and_restarts(cluster: &Cluster, seed
         &cluster.serve_args("nodes", PARTITIONS, "tally"),
         None,
     );
-    check_exactly_once(&reader.base, &acked, &format!("seed {seed}, three nodes"));
+    check_exactly_once(
+        &reader.base,
+        &acked,
+        &format!("seed {seed}, three nodes, the whole log"),
+    );
+    if let Err(failure) = nodes_checked {
+        std::panic::resume_unwind(failure);
+    }
 }
 
 /// Ledger and ski crash clients spread over a cluster's nodes, and what they were told.

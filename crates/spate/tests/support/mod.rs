@@ -75,7 +75,7 @@ impl Server {
             // inside it: a journal on Kafka outlives the data directory), never in HOME.
             .env("SPATE_KEK_FILE", data_dir.with_extension("kek"))
             .env("SPATE_FRAUD_KEY_FILE", data_dir.with_extension("fraud-key"))
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", server_log_level())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log);
@@ -429,6 +429,11 @@ pub fn send(
         .read_json::<Value>()
         .unwrap_or(Value::Null);
     Ok((status, value))
+}
+
+/// The servers' log filter: `SPATE_TEST_SERVER_LOG` if set (`info` to follow a failure), else `warn`.
+pub fn server_log_level() -> String {
+    std::env::var("SPATE_TEST_SERVER_LOG").unwrap_or_else(|_| "warn".into())
 }
 
 /// The crash tests' seed: `SPATE_CRASH_SEED` if set, else `default`.

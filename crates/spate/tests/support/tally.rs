@@ -208,25 +208,28 @@ pub fn check_exactly_once(base: &str, acked: &Acked, label: &str) {
         .iter()
         .flat_map(|(tag, booked)| booked.iter().map(|(name, a)| ((name.clone(), *tag), *a)))
         .collect();
-    for (name, tag, amount) in &acked.adds {
-        assert_eq!(
-            position.get(&(name.clone(), *tag)),
-            Some(amount),
-            "{label}: acknowledged add {tag} on {name} lost"
-        );
-    }
+    // Every loss is named at once: which commands, and how many, say more about a cause than the first.
+    let mut lost: Vec<String> = acked
+        .adds
+        .iter()
+        .filter(|(name, tag, amount)| position.get(&(name.clone(), *tag)) != Some(amount))
+        .map(|(name, tag, amount)| format!("add {tag} of {amount} on {name}"))
+        .collect();
     for (from, to, tag, amount) in &acked.transfers {
-        assert_eq!(
-            position.get(&(from.clone(), *tag)),
-            Some(&-amount),
-            "{label}: debit of transfer {tag} lost"
-        );
-        assert_eq!(
-            position.get(&(to.clone(), *tag)),
-            Some(amount),
-            "{label}: credit of transfer {tag} lost"
-        );
+        if position.get(&(from.clone(), *tag)) != Some(&-amount) {
+            lost.push(format!("debit of transfer {tag} on {from}"));
+        }
+        if position.get(&(to.clone(), *tag)) != Some(amount) {
+            lost.push(format!("credit of transfer {tag} on {to}"));
+        }
     }
+    assert!(
+        lost.is_empty(),
+        "{label}: {} of {} acknowledged commands lost or changed: {:?}",
+        lost.len(),
+        acked.adds.len() + acked.transfers.len(),
+        &lost[..lost.len().min(20)]
+    );
     let balance_total: i64 = position.values().sum();
 
     // The projection, rebuilt from checkpoint + journal, agrees with the partitions.
