@@ -566,13 +566,14 @@ fn scan_from(
     let mut first_lsn = None;
     let mut next_lsn = 0;
     each_record(&consumer, partition, |key, offset, frames| {
-        let first = *first_lsn.get_or_insert(key.first_lsn);
-        if key.first_lsn != next_lsn && first != key.first_lsn {
+        // The first record read may start anywhere; each later one where the one before ended.
+        if first_lsn.is_some() && key.first_lsn != next_lsn {
             return Err(format!(
                 "offset {offset} holds records from LSN {}, but {next_lsn} was expected next",
                 key.first_lsn
             ));
         }
+        first_lsn.get_or_insert(key.first_lsn);
         next_lsn = key.first_lsn + u64::from(key.record_count);
         index
             .lock()
