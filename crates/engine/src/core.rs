@@ -45,6 +45,11 @@ pub(crate) struct Core {
     pub next_lsn: Lsn,
     /// Timestamps only grow within a partition; the next stamp is at least this.
     pub last_timestamp_ms: u64,
+    /// The envelope's random of the record before `next_lsn`, which a snapshot keeps: recovery checks
+    /// it against the journal's record there, so that a snapshot of another history (a fenced node's
+    /// records that never reached a shared log) is never continued with this journal. `None` before the
+    /// first record, and from a snapshot of format 4 or older.
+    pub last_record_random: Option<u64>,
     pub apps: Vec<(AppId, Box<dyn StateMachine>)>,
     pub archive: Archive,
     idempotency: IdempotencyTable,
@@ -76,6 +81,7 @@ impl Core {
             partition_count,
             next_lsn: 0,
             last_timestamp_ms: 0,
+            last_record_random: None,
             apps,
             archive,
             idempotency,
@@ -185,6 +191,7 @@ impl Core {
             self.last_timestamp_ms
         );
         self.last_timestamp_ms = envelope.timestamp_ms;
+        self.last_record_random = Some(envelope.random);
         if let Origin::FollowUp { source, seq } = envelope.origin {
             let applied = &mut self.applied_from[usize::from(source)];
             assert_eq!(
@@ -256,6 +263,8 @@ impl Core {
     pub fn write_bookkeeping(&self, out: &mut dyn io::Write) -> io::Result<()> {
         out.write_u64_le(self.next_lsn)?;
         out.write_u64_le(self.last_timestamp_ms)?;
+        out.write_u8_le(u8::from(self.last_record_random.is_some()))?;
+        out.write_u64_le(self.last_record_random.unwrap_or(0))?;
         for (lane, applied) in self.lanes.iter().zip(&self.applied_from) {
             out.write_u64_le(*applied)?;
             out.write_u64_le(lane.next_seq)?;
@@ -271,7 +280,8 @@ impl Core {
 
     /// Reads what [`Self::write_bookkeeping`] wrote; a snapshot of format 1 also holds the idempotency
     /// table, between the clock and the lanes; format 3 ends with the archive (which has a section of
-    /// its own at the end from format 4 on), formats before 3 have none.
+    /// its own at the end from format 4 on), formats before 3 have none; formats before 5 do not name
+    /// their last record.
     pub fn restore_bookkeeping(
         &mut self,
         input: &mut dyn io::Read,
@@ -279,6 +289,12 @@ impl Core {
     ) -> io::Result<()> {
         self.next_lsn = input.read_u64_le()?;
         self.last_timestamp_ms = input.read_u64_le()?;
+        self.last_record_random = None;
+        if format_version >= 5 {
+            let known = input.read_u8_le()? != 0;
+            let random = input.read_u64_le()?;
+            self.last_record_random = known.then_some(random);
+        }
         if format_version == 1 {
             self.idempotency.restore(input)?;
         }

@@ -11,7 +11,7 @@ use crate::snapshot::{self, SectionReader};
 use crate::wire::{ReadLe, WriteLe};
 use crate::{AppId, PartitionId, StartError};
 use std::io::{self, Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// The sections of a partition snapshot before the apps'; then come each app's, as its id and its state,
@@ -132,7 +132,9 @@ pub(crate) fn load_snapshot(
 
 /// Restores the newest snapshot the journal can continue from, then replays the journal after it, and
 /// stores what replay archived. Returns the state and what was replayed: the partition's next snapshot
-/// falls due counting from there.
+/// falls due counting from there. A snapshot whose last record is not the journal's record at that LSN
+/// (one a node fenced off a shared log wrote of records the log never got) is set aside and an older one
+/// tried: restored, it would skip the journal's own records up to its LSN.
 pub(crate) fn recover_partition(
     partition: PartitionId,
     partition_count: u16,
@@ -142,10 +144,51 @@ pub(crate) fn recover_partition(
     log: &dyn Log,
     snapshot_dir: &Path,
 ) -> Result<(Core, SinceSnapshot), StartError> {
-    let restore_started = Instant::now();
-    let mut restored = None;
-    let mut snapshot_bytes = 0;
+    let mut not_of_this_log = Vec::new();
+    loop {
+        let restore_started = Instant::now();
+        let (core, restored) = restore_newest(
+            partition,
+            partition_count,
+            specs,
+            empty_idempotency,
+            archive,
+            log,
+            snapshot_dir,
+            &not_of_this_log,
+        )?;
+        let restore_ms = restore_started.elapsed().as_millis() as u64;
+        let snapshot_bytes = restored.as_ref().map_or(0, |(_, bytes)| *bytes);
+        match replay_onto(core, log, snapshot_bytes, restore_ms) {
+            Ok(recovered) => return Ok(recovered),
+            Err(Replay::NotOfThisLog(reason)) => {
+                let (path, _) = restored.expect("only a snapshot's last record is checked");
+                tracing::warn!(partition, snapshot = %path.display(), %reason, "snapshot is not of this journal, set aside; trying an older one");
+                set_aside(&path);
+                not_of_this_log.push(path);
+            }
+            Err(Replay::Failed(error)) => return Err(error),
+        }
+    }
+}
+
+/// The partition as the newest usable snapshot holds it (but those in `skipped`), with that snapshot's
+/// path and size; a fresh partition if the journal starts at its first record and no snapshot is usable.
+#[allow(clippy::too_many_arguments)]
+fn restore_newest(
+    partition: PartitionId,
+    partition_count: u16,
+    specs: &[AppSpec],
+    empty_idempotency: &IdempotencyTable,
+    archive: &Option<ArchiveStore>,
+    log: &dyn Log,
+    snapshot_dir: &Path,
+    skipped: &[PathBuf],
+) -> Result<(Core, Option<(PathBuf, u64)>), StartError> {
     for (lsn, path) in snapshot::list(snapshot_dir)? {
+        if skipped.contains(&path) {
+            continue;
+        }
         if lsn < log.first_lsn() {
             tracing::warn!(partition, snapshot = %path.display(), "snapshot older than the journal's first record; skipped");
             continue;
@@ -175,7 +218,7 @@ pub(crate) fn recover_partition(
         }
         match loaded {
             Ok(()) if core.next_lsn == lsn => {
-                snapshot_bytes = std::fs::metadata(&path).map_or(0, |file| file.len());
+                let snapshot_bytes = std::fs::metadata(&path).map_or(0, |file| file.len());
                 // An older snapshot would not help: it relies on the store for older records.
                 core.archive.check_store().map_err(|error| {
                     StartError::Unrecoverable(format!(
@@ -183,8 +226,7 @@ pub(crate) fn recover_partition(
                         path.display()
                     ))
                 })?;
-                restored = Some(core);
-                break;
+                return Ok((core, Some((path, snapshot_bytes))));
             }
             Ok(()) => {
                 tracing::warn!(partition, snapshot = %path.display(), "snapshot LSN disagrees with its name; set aside");
@@ -203,33 +245,51 @@ pub(crate) fn recover_partition(
             }
         }
     }
-    let mut core = match restored {
-        Some(core) => core,
-        None if log.first_lsn() == 0 => fresh_core(
+    if log.first_lsn() == 0 {
+        let core = fresh_core(
             partition,
             partition_count,
             specs,
             empty_idempotency,
             archive,
-        ),
-        None => {
-            return Err(StartError::Unrecoverable(format!(
-                "partition {partition}: no usable snapshot, and the journal starts at LSN {} (earlier records were released)",
-                log.first_lsn()
-            )));
-        }
-    };
-    let restore_ms = restore_started.elapsed().as_millis() as u64;
+        );
+        return Ok((core, None));
+    }
+    Err(StartError::Unrecoverable(format!(
+        "partition {partition}: no usable snapshot, and the journal starts at LSN {} (earlier records were released)",
+        log.first_lsn()
+    )))
+}
+
+/// Why a replay onto a restored state ended early.
+enum Replay {
+    /// The journal's record before the snapshot's LSN is not the one the snapshot was taken after.
+    NotOfThisLog(String),
+    Failed(StartError),
+}
+
+/// Replays the journal after `core`'s LSN onto it. When the snapshot `core` came from names the record
+/// it ends at and the journal still holds that record, the replay starts there and checks it first.
+fn replay_onto(
+    mut core: Core,
+    log: &dyn Log,
+    snapshot_bytes: u64,
+    restore_ms: u64,
+) -> Result<(Core, SinceSnapshot), Replay> {
+    let partition = core.partition;
     let replay_started = Instant::now();
     let mut events = Vec::new();
     let mut sent = Vec::new();
     let mut archived = Vec::new();
     let from = core.next_lsn;
+    let check = core.last_record_random.filter(|_| from > log.first_lsn());
+    let mut mismatch = None;
     let mut replayed = SinceSnapshot {
         snapshot_bytes,
         ..SinceSnapshot::default()
     };
-    log.replay(from, &mut |lsn, kind, body| {
+    let start = if check.is_some() { from - 1 } else { from };
+    let result = log.replay(start, &mut |lsn, kind, body| {
         let corrupt = |reason: String| JournalError::Corrupt {
             path: "journal".into(),
             offset: lsn,
@@ -237,6 +297,17 @@ pub(crate) fn recover_partition(
         };
         let record =
             RecordRef::decode(kind, body).map_err(|e| corrupt(format!("record {lsn}: {e}")))?;
+        if lsn < from {
+            let expected = check.expect("only the checked record is before the snapshot's LSN");
+            if record.envelope.random != expected {
+                mismatch = Some(format!(
+                    "its record {lsn} is not the journal's (random {expected:#x}, the journal's {:#x})",
+                    record.envelope.random
+                ));
+                return Err(corrupt("the snapshot is not of this journal".into()));
+            }
+            return Ok(());
+        }
         let app: AppId = record.envelope.app;
         if !core.has_app(app) {
             return Err(corrupt(format!(
@@ -264,11 +335,17 @@ pub(crate) fn recover_partition(
         );
         sent.clear();
         Ok(())
-    })?;
+    });
+    if let Some(reason) = mismatch {
+        return Err(Replay::NotOfThisLog(reason));
+    }
+    result.map_err(|error| Replay::Failed(error.into()))?;
     debug_assert_eq!(replayed.records, core.next_lsn - from);
     let replay_ms = replay_started.elapsed().as_millis() as u64;
     let store_started = Instant::now();
-    core.archive.store_recovered()?;
+    core.archive
+        .store_recovered()
+        .map_err(|error| Replay::Failed(error.into()))?;
     tracing::info!(
         partition,
         snapshot_lsn = from,

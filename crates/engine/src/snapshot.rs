@@ -15,9 +15,10 @@ const MAGIC: &[u8; 8] = b"SPATESNP";
 /// 2: a partition snapshot's idempotency table is a section of its own after the apps' (it was inside
 /// the bookkeeping section), so that it can be written in steps. 3: the bookkeeping ends with the
 /// archive's records not yet in its store. 4: those records are the last section instead, written
-/// when the rest is, so that most of them are in the store by then. Files of versions 1 to 3 are still
-/// read.
-const VERSION: u32 = 4;
+/// when the rest is, so that most of them are in the store by then. 5: the bookkeeping names the
+/// record a partition snapshot ends at (its envelope's random), which recovery checks against the
+/// journal. Files of versions 1 to 4 are still read.
+const VERSION: u32 = 5;
 const SUFFIX: &str = ".snap";
 
 /// A snapshot (or a read model's checkpoint) falls due once the journal since the last one is this

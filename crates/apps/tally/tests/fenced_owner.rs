@@ -248,3 +248,45 @@ fn a_fenced_owner_publishes_no_snapshot_of_what_it_applied_past_its_log() {
 fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }
+
+/// A snapshot of another history at the same LSNs (as a node fenced off the log wrote before the fix
+/// above, or any other) is not continued with this log: recovery checks the record it ends at against
+/// the log's, sets it aside and replays the log.
+#[test]
+fn a_snapshot_of_another_history_is_set_aside_at_recovery() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let unfenced = Arc::new(Fence::default());
+    let snapshot_of = |dir: &Path| dir.join("partitions/p000/snapshots");
+    // Another history: adds 1 and 2, and a snapshot after them (LSN 2).
+    let other = tempdir();
+    let engine = node(other.path(), other.path(), &unfenced);
+    engine.handle().activate(0).unwrap();
+    for tag in [1, 2] {
+        acknowledged(&runtime, &engine, tag);
+    }
+    engine.handle().deactivate(0).unwrap();
+    let (lsn, foreign) =
+        spate_engine::snapshot::list(&snapshot_of(other.path())).unwrap()[0].clone();
+    assert_eq!(lsn, 2);
+
+    // This log: adds 1, 100 and 101. Its partition comes back with the other history's snapshot as its
+    // newest.
+    let this = tempdir();
+    let engine = node(this.path(), this.path(), &unfenced);
+    engine.handle().activate(0).unwrap();
+    for tag in [1, 100, 101] {
+        acknowledged(&runtime, &engine, tag);
+    }
+    engine.handle().deactivate(0).unwrap();
+    for (_, own) in spate_engine::snapshot::list(&snapshot_of(this.path())).unwrap() {
+        std::fs::remove_file(own).unwrap();
+    }
+    let planted = snapshot_of(this.path()).join(foreign.file_name().unwrap());
+    std::fs::copy(&foreign, &planted).unwrap();
+    engine.handle().activate(0).unwrap();
+    assert_eq!(tags(&runtime, &engine), [1, 100, 101]);
+    assert!(!planted.exists(), "the foreign snapshot was not set aside");
+}
