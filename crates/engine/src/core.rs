@@ -369,4 +369,43 @@ mod tests {
             }
         );
     }
+
+    fn empty_core() -> Core {
+        Core::new(
+            0,
+            1,
+            Vec::new(),
+            IdempotencyTable::new(60_000, 10, usize::MAX),
+            crate::archive::Archive::new(None),
+        )
+    }
+
+    /// From format 5 the bookkeeping names the record a snapshot ends at; before, nothing does, and a
+    /// restored core then has no record for recovery to check.
+    #[test]
+    fn bookkeeping_names_the_last_record_from_format_5_on() {
+        let mut core = empty_core();
+        core.next_lsn = 9;
+        core.last_record_random = Some(0xfeed);
+        let mut bytes = Vec::new();
+        core.write_bookkeeping(&mut bytes).unwrap();
+        let mut restored = empty_core();
+        restored
+            .restore_bookkeeping(&mut bytes.as_slice(), 5)
+            .unwrap();
+        assert_eq!(
+            (restored.next_lsn, restored.last_record_random),
+            (9, Some(0xfeed))
+        );
+
+        let mut format_4 = Vec::new();
+        for value in [9, 1_000, 0, 1, 0] {
+            // Next LSN, last timestamp, then one lane: applied from it, next sequence, none pending.
+            format_4.write_u64_le(value).unwrap();
+        }
+        restored
+            .restore_bookkeeping(&mut format_4.as_slice(), 4)
+            .unwrap();
+        assert_eq!((restored.next_lsn, restored.last_record_random), (9, None));
+    }
 }

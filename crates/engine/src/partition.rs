@@ -923,12 +923,17 @@ impl PartitionThread {
             let published = match this.publishing.take() {
                 Some(publishing) => publishing
                     .recv()
-                    .map_err(|_| "the snapshot publisher stopped".to_string())?,
+                    .unwrap_or_else(|_| Err("the snapshot publisher stopped".to_string())),
                 None => Ok(()),
             };
             durable.and(published)
         };
         let earlier = finish(self);
+        if self.progress.failed() {
+            // A snapshot begun now could never be published.
+            debug_assert!(earlier.is_err(), "the barrier reports the failure");
+            return earlier;
+        }
         let pause = PauseTimer::start();
         self.begin_snapshot()?;
         let now = finish(self);
@@ -1013,7 +1018,12 @@ fn publish_snapshot(publish: Publish, out: Unpublished) -> Result<(), String> {
         std::fs::remove_file(path).map_err(|e| format!("removing {}: {e}", path.display()))?;
     }
     // Until two snapshots exist, keep the whole journal: the only fallback for a damaged snapshot.
-    let oldest_kept = if kept.len() >= 2 { kept[1].0 } else { 0 };
+    // A kept snapshot needs the record it ends at too: recovery checks it against the journal.
+    let oldest_kept = if kept.len() >= 2 {
+        kept[1].0.saturating_sub(1)
+    } else {
+        0
+    };
     let floor = projection_floors
         .iter()
         .map(|f| f.load(Ordering::Acquire))

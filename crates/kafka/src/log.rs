@@ -448,11 +448,12 @@ impl Log for KafkaLog {
         if self.failed {
             return;
         }
+        // Recovery reads from the record the snapshot ends at (it checks it), one before `lsn`.
         let start = self
             .index
             .lock()
             .expect("no panics while held")
-            .entry_at_or_below(lsn);
+            .entry_at_or_below(lsn.saturating_sub(1));
         self.snapshots.publish(self.partition, lsn, path, start);
     }
 }

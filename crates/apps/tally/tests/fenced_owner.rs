@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 #[derive(Default)]
 struct Fence {
     up: AtomicBool,
+    /// An append is waiting at the fence: the command it holds was applied.
+    reached: AtomicBool,
     confirmed: Mutex<bool>,
     confirmation: Condvar,
 }
@@ -79,6 +81,7 @@ impl Log for FencedLog {
 
     fn append(&mut self, frames: &[u8], record_count: u64) -> Result<(), JournalError> {
         if self.fence.up.load(Ordering::Acquire) {
+            self.fence.reached.store(true, Ordering::Release);
             let confirmed = self.fence.confirmed.lock().unwrap();
             drop(self.fence.confirmation.wait_while(confirmed, |c| !*c));
             return Err(JournalError::Failed);
@@ -141,6 +144,19 @@ fn other_owners_records(count: u64) -> Vec<u8> {
     frames
 }
 
+/// The LSNs of the snapshots published in `dir` (`<lsn>.snap`).
+fn published_snapshots(dir: &Path) -> Vec<Lsn> {
+    let Ok(files) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    files
+        .filter_map(|file| {
+            let name = file.unwrap().file_name().into_string().unwrap();
+            name.strip_suffix(".snap")?.parse().ok()
+        })
+        .collect()
+}
+
 fn wait_until(what: &str, done: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !done() {
@@ -197,20 +213,22 @@ fn a_fenced_owner_publishes_no_snapshot_of_what_it_applied_past_its_log() {
     handle.activate(0).unwrap();
     acknowledged(&runtime, &engine, 1);
     let durable_end: Lsn = 1;
+    let snapshot_dir = node_dir.path().join("partitions/p000/snapshots");
 
     // Fenced: another node owns the log now. A command still applied here will never be in it.
     fence.up.store(true, Ordering::Release);
     let never_durable = handle.enqueue(0, APP_ID, None, add(2)).unwrap();
+    wait_until("the command is applied and at the fence", || {
+        fence.reached.load(Ordering::Acquire)
+    });
     std::thread::scope(|scope| {
         // The membership stops the partition: its last snapshot holds the command above.
         let stopped = scope.spawn(|| handle.deactivate(0));
         wait_until("the partition is no longer here", || {
             handle.local_partitions().is_empty()
         });
-        std::thread::sleep(Duration::from_millis(200));
         // Meanwhile the node follows the new owner's records, to past that snapshot's LSN.
         handle.follow(0, durable_end, 5, other_owners_records(5));
-        std::thread::sleep(Duration::from_millis(200));
         fence.confirm();
         let stopped = stopped.join().unwrap();
         assert!(stopped.is_err(), "the fenced partition stopped cleanly");
@@ -218,13 +236,13 @@ fn a_fenced_owner_publishes_no_snapshot_of_what_it_applied_past_its_log() {
     let refused = runtime.block_on(never_durable.reply());
     assert_eq!(refused, Err(EngineError::JournalFailed));
 
-    // A snapshot's thread that outlived the stop would publish it within moments: look for a while.
-    let snapshot_dir = node_dir.path().join("partitions/p000/snapshots");
+    // A snapshot's thread that outlived the stop would publish it within moments: look for a while,
+    // by name (`snapshot::list` would remove the file it is still writing).
     let deadline = Instant::now() + Duration::from_secs(2);
     while Instant::now() < deadline {
-        let published = spate_engine::snapshot::list(&snapshot_dir).unwrap();
+        let published = published_snapshots(&snapshot_dir);
         assert!(
-            published.iter().all(|(lsn, _)| *lsn <= durable_end),
+            published.iter().all(|lsn| *lsn <= durable_end),
             "a snapshot past the log's durable end {durable_end} was published: {published:?}"
         );
         std::thread::sleep(Duration::from_millis(20));

@@ -208,7 +208,8 @@ pub fn check_exactly_once(base: &str, acked: &Acked, label: &str) {
         .iter()
         .flat_map(|(tag, booked)| booked.iter().map(|(name, a)| ((name.clone(), *tag), *a)))
         .collect();
-    // Every loss is named at once: which commands, and how many, say more about a cause than the first.
+    // The losses are counted and the first 20 named at once: which commands, and how many, say more
+    // about a cause than the first alone.
     let mut lost: Vec<String> = acked
         .adds
         .iter()
@@ -225,9 +226,10 @@ pub fn check_exactly_once(base: &str, acked: &Acked, label: &str) {
     }
     assert!(
         lost.is_empty(),
-        "{label}: {} of {} acknowledged commands lost or changed: {:?}",
+        "{label}: {} losses among {} acknowledged adds and {} transfers (two legs each): {:?}",
         lost.len(),
-        acked.adds.len() + acked.transfers.len(),
+        acked.adds.len(),
+        acked.transfers.len(),
         &lost[..lost.len().min(20)]
     );
     let balance_total: i64 = position.values().sum();
