@@ -144,19 +144,90 @@ pub(crate) fn recover_partition(
     log: &dyn Log,
     snapshot_dir: &Path,
 ) -> Result<(Core, SinceSnapshot), StartError> {
+    // The partition as the newest usable snapshot holds it (but those in `skipped`), with that
+    // snapshot's path and size; a fresh partition if the journal starts at its first record and no
+    // snapshot is usable.
+    let restore_newest =
+        |skipped: &[PathBuf]| -> Result<(Core, Option<(PathBuf, u64)>), StartError> {
+            for (lsn, path) in snapshot::list(snapshot_dir)? {
+                if skipped.contains(&path) {
+                    continue;
+                }
+                if lsn < log.first_lsn() {
+                    tracing::warn!(partition, snapshot = %path.display(), "snapshot older than the journal's first record; skipped");
+                    continue;
+                }
+                let (core, loaded) = load_snapshot(
+                    &path,
+                    partition,
+                    partition_count,
+                    specs,
+                    empty_idempotency,
+                    archive,
+                );
+                // A snapshot is written only after the records it covers are in the journal: one past the
+                // journal's end proves the journal lost acknowledged records (a truncated or damaged segment).
+                // Starting from the journal alone would drop them silently.
+                if lsn > log.next_lsn() && matches!(loaded, Ok(()) if core.next_lsn == lsn) {
+                    return Err(StartError::Unrecoverable(format!(
+                        "partition {partition}: the journal ends at LSN {}, but snapshot {} holds the state \
+                 at LSN {lsn}: the journal lost {} records that were written (a truncated or damaged \
+                 segment). Restore the journal; or, to start from the journal as it is and lose \
+                 them, move that snapshot out of {}",
+                        log.next_lsn(),
+                        path.display(),
+                        lsn - log.next_lsn(),
+                        snapshot_dir.display()
+                    )));
+                }
+                match loaded {
+                    Ok(()) if core.next_lsn == lsn => {
+                        let snapshot_bytes = std::fs::metadata(&path).map_or(0, |file| file.len());
+                        // An older snapshot would not help: it relies on the store for older records.
+                        core.archive.check_store().map_err(|error| {
+                            StartError::Unrecoverable(format!(
+                                "partition {partition}, snapshot {}: {error}",
+                                path.display()
+                            ))
+                        })?;
+                        return Ok((core, Some((path, snapshot_bytes))));
+                    }
+                    Ok(()) => {
+                        tracing::warn!(partition, snapshot = %path.display(), "snapshot LSN disagrees with its name; set aside");
+                        set_aside(&path);
+                    }
+                    // Not damaged: an older snapshot or a replay would start from less than it holds.
+                    Err(error) if snapshot::is_newer_format(&error) => {
+                        return Err(StartError::Unrecoverable(format!(
+                            "partition {partition}: snapshot {} is of {error}",
+                            path.display()
+                        )));
+                    }
+                    Err(error) => {
+                        tracing::warn!(partition, snapshot = %path.display(), %error, "unreadable snapshot, set aside; trying an older one");
+                        set_aside(&path);
+                    }
+                }
+            }
+            if log.first_lsn() == 0 {
+                let core = fresh_core(
+                    partition,
+                    partition_count,
+                    specs,
+                    empty_idempotency,
+                    archive,
+                );
+                return Ok((core, None));
+            }
+            Err(StartError::Unrecoverable(format!(
+                "partition {partition}: no usable snapshot, and the journal starts at LSN {} (earlier records were released)",
+                log.first_lsn()
+            )))
+        };
     let mut not_of_this_log = Vec::new();
     loop {
         let restore_started = Instant::now();
-        let (core, restored) = restore_newest(
-            partition,
-            partition_count,
-            specs,
-            empty_idempotency,
-            archive,
-            log,
-            snapshot_dir,
-            &not_of_this_log,
-        )?;
+        let (core, restored) = restore_newest(&not_of_this_log)?;
         let restore_ms = restore_started.elapsed().as_millis() as u64;
         let snapshot_bytes = restored.as_ref().map_or(0, |(_, bytes)| *bytes);
         match replay_onto(core, log, snapshot_bytes, restore_ms) {
@@ -170,95 +241,6 @@ pub(crate) fn recover_partition(
             Err(Replay::Failed(error)) => return Err(error),
         }
     }
-}
-
-/// The partition as the newest usable snapshot holds it (but those in `skipped`), with that snapshot's
-/// path and size; a fresh partition if the journal starts at its first record and no snapshot is usable.
-#[allow(clippy::too_many_arguments)]
-fn restore_newest(
-    partition: PartitionId,
-    partition_count: u16,
-    specs: &[AppSpec],
-    empty_idempotency: &IdempotencyTable,
-    archive: &Option<ArchiveStore>,
-    log: &dyn Log,
-    snapshot_dir: &Path,
-    skipped: &[PathBuf],
-) -> Result<(Core, Option<(PathBuf, u64)>), StartError> {
-    for (lsn, path) in snapshot::list(snapshot_dir)? {
-        if skipped.contains(&path) {
-            continue;
-        }
-        if lsn < log.first_lsn() {
-            tracing::warn!(partition, snapshot = %path.display(), "snapshot older than the journal's first record; skipped");
-            continue;
-        }
-        let (core, loaded) = load_snapshot(
-            &path,
-            partition,
-            partition_count,
-            specs,
-            empty_idempotency,
-            archive,
-        );
-        // A snapshot is written only after the records it covers are in the journal: one past the
-        // journal's end proves the journal lost acknowledged records (a truncated or damaged segment).
-        // Starting from the journal alone would drop them silently.
-        if lsn > log.next_lsn() && matches!(loaded, Ok(()) if core.next_lsn == lsn) {
-            return Err(StartError::Unrecoverable(format!(
-                "partition {partition}: the journal ends at LSN {}, but snapshot {} holds the state \
-                 at LSN {lsn}: the journal lost {} records that were written (a truncated or damaged \
-                 segment). Restore the journal; or, to start from the journal as it is and lose \
-                 them, move that snapshot out of {}",
-                log.next_lsn(),
-                path.display(),
-                lsn - log.next_lsn(),
-                snapshot_dir.display()
-            )));
-        }
-        match loaded {
-            Ok(()) if core.next_lsn == lsn => {
-                let snapshot_bytes = std::fs::metadata(&path).map_or(0, |file| file.len());
-                // An older snapshot would not help: it relies on the store for older records.
-                core.archive.check_store().map_err(|error| {
-                    StartError::Unrecoverable(format!(
-                        "partition {partition}, snapshot {}: {error}",
-                        path.display()
-                    ))
-                })?;
-                return Ok((core, Some((path, snapshot_bytes))));
-            }
-            Ok(()) => {
-                tracing::warn!(partition, snapshot = %path.display(), "snapshot LSN disagrees with its name; set aside");
-                set_aside(&path);
-            }
-            // Not damaged: an older snapshot or a replay would start from less than it holds.
-            Err(error) if snapshot::is_newer_format(&error) => {
-                return Err(StartError::Unrecoverable(format!(
-                    "partition {partition}: snapshot {} is of {error}",
-                    path.display()
-                )));
-            }
-            Err(error) => {
-                tracing::warn!(partition, snapshot = %path.display(), %error, "unreadable snapshot, set aside; trying an older one");
-                set_aside(&path);
-            }
-        }
-    }
-    if log.first_lsn() == 0 {
-        let core = fresh_core(
-            partition,
-            partition_count,
-            specs,
-            empty_idempotency,
-            archive,
-        );
-        return Ok((core, None));
-    }
-    Err(StartError::Unrecoverable(format!(
-        "partition {partition}: no usable snapshot, and the journal starts at LSN {} (earlier records were released)",
-        log.first_lsn()
-    )))
 }
 
 /// Why a replay onto a restored state ended early.
