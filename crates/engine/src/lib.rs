@@ -6,6 +6,7 @@ mod app;
 mod archive;
 pub mod cluster;
 mod core;
+mod direct_io;
 mod disk;
 mod engine;
 mod idempotency;

@@ -5,6 +5,7 @@
 //! both disk corruption and a writer/reader mismatch are caught. Files are written to a temporary name,
 //! fsynced, renamed into place and the directory fsynced: a crash leaves either the old or the new file.
 
+use crate::direct_io::DirectWriter;
 use crate::journal::{JournalError, Lsn};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use std::fs::{self, File};
@@ -147,7 +148,7 @@ fn io_error(path: &Path) -> impl FnOnce(io::Error) -> JournalError + '_ {
 pub fn write_atomically(
     dir: &Path,
     name: &str,
-    write: impl FnOnce(&mut SectionWriter<&mut BufWriter<File>>) -> io::Result<()>,
+    write: impl FnOnce(&mut SectionWriter<&mut Unpublished>) -> io::Result<()>,
 ) -> Result<PathBuf, JournalError> {
     write_file_atomically(dir, name, |file| {
         let mut out = SectionWriter::new(file);
@@ -168,7 +169,7 @@ fn write_header(out: &mut SectionWriter<impl Write>) -> io::Result<()> {
 pub fn install_copy(
     dir: &Path,
     lsn: Lsn,
-    write: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>,
+    write: impl FnOnce(&mut Unpublished) -> io::Result<()>,
 ) -> Result<PathBuf, JournalError> {
     write_file_atomically(dir, &file_name(lsn), write)
 }
@@ -178,29 +179,56 @@ pub fn install_copy(
 fn write_file_atomically(
     dir: &Path,
     name: &str,
-    write: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>,
+    write: impl FnOnce(&mut Unpublished) -> io::Result<()>,
 ) -> Result<PathBuf, JournalError> {
     let mut pending = Unpublished::create(dir, name)?;
-    write(&mut pending.out).map_err(io_error(&pending.temporary))?;
+    write(&mut pending).map_err(io_error(&pending.temporary))?;
     pending.publish()
 }
 
 /// A file being written under a temporary name, invisible to [`list`] (which removes it after a crash)
 /// until [`Unpublished::publish`] renames it into place.
 pub struct Unpublished {
-    out: BufWriter<File>,
+    out: Out,
     temporary: PathBuf,
     dir: PathBuf,
     path: PathBuf,
 }
 
+/// How an unpublished file's bytes reach it.
+enum Out {
+    Buffered(BufWriter<File>),
+    /// Past the page cache, for partition snapshots (see `direct_io.rs`).
+    Direct(DirectWriter),
+}
+
 impl Unpublished {
     fn create(dir: &Path, name: &str) -> Result<Self, JournalError> {
+        Self::create_with(dir, name, |temporary| {
+            Ok(Out::Buffered(BufWriter::with_capacity(
+                1 << 20,
+                File::create(temporary)?,
+            )))
+        })
+    }
+
+    /// A file written past the page cache where the file system allows it.
+    fn create_direct(dir: &Path, name: &str) -> Result<Self, JournalError> {
+        Self::create_with(dir, name, |temporary| {
+            Ok(Out::Direct(DirectWriter::create(temporary)?))
+        })
+    }
+
+    fn create_with(
+        dir: &Path,
+        name: &str,
+        open: impl FnOnce(&Path) -> io::Result<Out>,
+    ) -> Result<Self, JournalError> {
         fs::create_dir_all(dir).map_err(io_error(dir))?;
         let temporary = dir.join(format!("{name}.tmp"));
-        let file = File::create(&temporary).map_err(io_error(&temporary))?;
+        let out = open(&temporary).map_err(io_error(&temporary))?;
         Ok(Self {
-            out: BufWriter::with_capacity(1 << 20, file),
+            out,
             temporary,
             path: dir.join(name),
             dir: dir.to_path_buf(),
@@ -215,10 +243,11 @@ impl Unpublished {
             path,
             dir,
         } = self;
-        let synced = out
-            .into_inner()
-            .map_err(|e| e.into_error())
-            .and_then(|file| file.sync_all());
+        let file = match out {
+            Out::Buffered(buffered) => buffered.into_inner().map_err(|e| e.into_error()),
+            Out::Direct(direct) => direct.finish(),
+        };
+        let synced = file.and_then(|file| file.sync_all());
         synced.map_err(io_error(&temporary))?;
         fs::rename(&temporary, &path).map_err(io_error(&path))?;
         crate::journal::sync_dir(&dir)?;
@@ -365,7 +394,7 @@ pub struct ChunkReceiver {
 /// Writes the chunks of the snapshot of LSN `lsn` to a temporary file in `dir` as they come; returns
 /// the file, to publish, once the snapshot is whole.
 pub fn write_streamed(dir: &Path, lsn: Lsn, chunks: ChunkReceiver) -> Result<Unpublished, String> {
-    let mut file = Unpublished::create(dir, &file_name(lsn)).map_err(|e| e.to_string())?;
+    let mut file = Unpublished::create_direct(dir, &file_name(lsn)).map_err(|e| e.to_string())?;
     let error = loop {
         match chunks.chunks.recv() {
             Ok(SnapshotChunk::Bytes(bytes)) => {
@@ -386,10 +415,16 @@ pub fn write_streamed(dir: &Path, lsn: Lsn, chunks: ChunkReceiver) -> Result<Unp
 
 impl Write for Unpublished {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.out.write(buf)
+        match &mut self.out {
+            Out::Buffered(out) => out.write(buf),
+            Out::Direct(out) => out.write(buf),
+        }
     }
     fn flush(&mut self) -> io::Result<()> {
-        self.out.flush()
+        match &mut self.out {
+            Out::Buffered(out) => out.flush(),
+            Out::Direct(out) => out.flush(),
+        }
     }
 }
 
