@@ -364,8 +364,15 @@ impl HistoryStore {
     /// Looks up `txns`' cards one after another, so that the misses on their map slots overlap, and
     /// starts fetching their histories.
     fn look_up_ahead(&self, txns: &[Txn]) {
-        for txn in txns {
-            if let Some(packed) = self.get(txn.card) {
+        self.look_up(txns.iter().map(|txn| txn.card));
+    }
+
+    /// Looks up `cards` one after another, so that the misses on their map slots overlap (nothing a
+    /// lookup finds depends on the one before), and starts fetching the histories found: the next
+    /// calls on these cards find them in the cache.
+    pub fn look_up(&self, cards: impl Iterator<Item = u64>) {
+        for card in cards {
+            if let Some(packed) = self.get(card) {
                 for offset in (0..packed.len()).step_by(64) {
                     prefetch_read(packed.as_ptr().wrapping_add(offset));
                 }

@@ -195,10 +195,9 @@ impl HistoryGenerator {
         (self.card < self.cards_end && self.len > 0).then_some(self.card)
     }
 
-    /// Replaces `into` with the records of the next card, all of them (a card is stored whole at once).
+    /// Appends the records of the next card to `into`, all of them (a card is stored whole at once).
     pub fn draw_card(&mut self, into: &mut Vec<Txn>) {
         assert_eq!(self.index, 0, "a card is drawn from its start");
-        into.clear();
         if self.next_card().is_some() {
             let len = self.len as usize;
             into.extend(self.by_ref().take(len));
@@ -384,6 +383,7 @@ mod tests {
             if card % 3 == 1 {
                 generator.skip_to(card + 1);
             } else {
+                card_txns.clear();
                 generator.draw_card(&mut card_txns);
                 assert!(
                     card_txns.len() == 96 && card_txns.iter().all(|t| t.card == u64::from(card))
@@ -396,6 +396,7 @@ mod tests {
             drawn == kept,
             "the drawn cards, in order, as the whole history has them"
         );
+        card_txns.clear();
         generator.draw_card(&mut card_txns);
         assert!(card_txns.is_empty(), "nothing is drawn past the end");
     }

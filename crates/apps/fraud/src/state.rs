@@ -230,20 +230,34 @@ impl FraudState {
             self.store
                 .reserve_cards(plan.cards_total as usize / usize::from(plan.partitions));
         }
+        let len = plan.len as usize;
         let mut stored = 0u64;
-        let mut card_txns = Vec::with_capacity(plan.len as usize);
-        while let Some(card) = generator.next_card() {
-            // Every partition draws every card (the streams run through all of them in order), and
-            // builds and stores only its own.
-            if spate_engine::partition_of(&card_key(u64::from(card)), plan.partitions)
-                == plan.partition
+        let mut drawn = Vec::with_capacity(len * GENERATED_CARDS_LOOKED_UP_TOGETHER);
+        loop {
+            drawn.clear();
+            while drawn.len() < len * GENERATED_CARDS_LOOKED_UP_TOGETHER
+                && let Some(card) = generator.next_card()
             {
-                generator.draw_card(&mut card_txns);
-                self.store.store_card(&card_txns, UNSCORED);
-                stored += card_txns.len() as u64;
-            } else {
-                generator.skip_to(card + 1);
+                // Every partition draws every card (the streams run through all of them in order),
+                // and builds and stores only its own.
+                if spate_engine::partition_of(&card_key(u64::from(card)), plan.partitions)
+                    == plan.partition
+                {
+                    generator.draw_card(&mut drawn);
+                } else {
+                    generator.skip_to(card + 1);
+                }
             }
+            if drawn.is_empty() {
+                break;
+            }
+            let cards = drawn.chunks(len);
+            self.store
+                .look_up(cards.clone().map(|card_txns| card_txns[0].card));
+            for card_txns in cards {
+                self.store.store_card(card_txns, UNSCORED);
+            }
+            stored += drawn.len() as u64;
         }
         self.stats.imported += stored;
         BatchReply {
@@ -252,6 +266,11 @@ impl FraudState {
         }
     }
 }
+
+/// Cards of a generated history drawn before any of them is stored, so that the misses on their map
+/// slots overlap ([`HistoryStore::look_up`]): storing them one by one, a generation waited on a miss
+/// per card.
+const GENERATED_CARDS_LOOKED_UP_TOGETHER: usize = 32;
 
 impl StateMachine for FraudState {
     fn apply(&mut self, command: &spate_engine::Command<'_>, effects: &mut Effects<'_>) {
