@@ -208,6 +208,13 @@ struct Sim {
     latent_damage: Option<Lsn>,
     /// The idempotency table's bound on entries: it remembers the newest this many keys applied.
     keys_remembered: usize,
+    /// A snapshot of records the journal never got, at its LSN, with its file's bytes: what an owner
+    /// fenced off its partition's log wrote once (the cluster test's lost add, 0512d1a). Kept out of
+    /// the snapshot directory until the journal holds other records past its LSN, then put there
+    /// before a crash, as the newest snapshot: recovery must set it aside ([`Sim::place_phantom`]).
+    phantom: Option<(Lsn, Vec<u8>)>,
+    /// Phantom snapshots placed and set aside, over the run.
+    phantoms_set_aside: u32,
 }
 
 impl Sim {
@@ -261,6 +268,8 @@ impl Sim {
             crashes: 0,
             latent_damage: None,
             keys_remembered,
+            phantom: None,
+            phantoms_set_aside: 0,
         }
     }
 
@@ -297,6 +306,7 @@ impl Sim {
                 58..75 => self.commit(),
                 75..80 if self.snapshot.is_none() => self.begin_snapshot(),
                 75..90 if self.snapshot.is_some() => self.step_snapshot(),
+                90..92 if self.snapshot.is_none() && self.phantom.is_none() => self.write_phantom(),
                 75..96 => self.submit_new(),
                 _ => {
                     if !self.crash_and_recover() {
@@ -453,6 +463,57 @@ impl Sim {
         ));
     }
 
+    /// As an owner fenced off its partition's log does: writes a whole snapshot that holds the
+    /// records in flight, which then never reach the journal (the process stops). The file is kept
+    /// aside until [`Self::place_phantom`].
+    fn write_phantom(&mut self) {
+        if self.applied.len() as Lsn == self.acknowledged {
+            return;
+        }
+        let lsn = self.core.next_lsn;
+        let (out, file_chunks) = crate::snapshot::chunk_pipe(None).unwrap();
+        let mut stepped = SteppedSnapshot::begin(&mut self.core, out);
+        while !stepped.step(&mut self.core, usize::MAX) {}
+        let (chunks, failed) = stepped.finish();
+        if let Some(error) = failed {
+            self.fail(error);
+        }
+        chunks.finish().unwrap();
+        let aside = self._dir.path().join("phantom");
+        let file = crate::snapshot::write_streamed(&aside, lsn, file_chunks)
+            .unwrap_or_else(|e| self.fail(e));
+        let path = file.publish().unwrap();
+        self.phantom = Some((lsn, std::fs::read(&path).unwrap()));
+        std::fs::remove_file(path).unwrap();
+        self.note(format!(
+            "a phantom snapshot at LSN {lsn} of {} records in flight",
+            lsn - self.acknowledged
+        ));
+        if !self.crash_with(Fault::Crash) {
+            self.fail("a crash with nothing damaged was refused".into());
+        }
+    }
+
+    /// Puts the phantom snapshot into the snapshot directory once it would be the newest there and
+    /// the journal holds other records up to its LSN; its LSN if so.
+    fn place_phantom(&mut self) -> Option<Lsn> {
+        let (lsn, _) = self.phantom.as_ref()?;
+        let lsn = *lsn;
+        let newest = (crate::snapshot::list(&self.snapshot_dir).unwrap().first())
+            .map_or(0, |(newest, _)| *newest);
+        if lsn > self.acknowledged || lsn <= newest {
+            // Past the journal's end it would prove a loss (recovery refuses); not the newest, it
+            // would never be read.
+            return None;
+        }
+        let (_, bytes) = self.phantom.take().unwrap();
+        let path = self.snapshot_dir.join(crate::snapshot::file_name(lsn));
+        std::fs::create_dir_all(&self.snapshot_dir).unwrap();
+        std::fs::write(&path, bytes).unwrap();
+        self.note(format!("the phantom snapshot at LSN {lsn} placed"));
+        Some(lsn)
+    }
+
     /// Crashes with a fault, recovers, checks; false if recovery refused, as it had to.
     fn crash_and_recover(&mut self) -> bool {
         // Faults that may end a run by a refusal are rarer, so that most runs go on through many crashes.
@@ -470,6 +531,11 @@ impl Sim {
     fn crash_with(&mut self, fault: Fault) -> bool {
         self.crashes += 1;
         let expect = self.inject(fault);
+        let phantom = if fault == Fault::Crash {
+            self.place_phantom()
+        } else {
+            None
+        };
         let snapshots: Vec<Lsn> = (crate::snapshot::list(&self.snapshot_dir).unwrap().iter())
             .map(|(lsn, _)| *lsn)
             .collect();
@@ -533,6 +599,17 @@ impl Sim {
         self.commits.retain(|(first, _)| *first < lsn);
         self.note(format!("recovered {lsn} records"));
         self.check_state();
+        if let Some(phantom) = phantom {
+            let path = self.snapshot_dir.join(crate::snapshot::file_name(phantom));
+            let mut aside = path.clone().into_os_string();
+            aside.push(".damaged");
+            if path.exists() || !Path::new(&aside).exists() {
+                self.fail(format!(
+                    "the phantom snapshot at LSN {phantom} was not set aside"
+                ));
+            }
+            self.phantoms_set_aside += 1;
+        }
         true
     }
 
@@ -818,7 +895,7 @@ pub(crate) fn seeds(default: u64) -> Vec<u64> {
 
 #[test]
 fn every_seed_keeps_what_was_acknowledged_exactly_once() {
-    let (mut refused, mut crashes) = (0, 0);
+    let (mut refused, mut crashes, mut phantoms) = (0, 0, 0);
     let seeds = seeds(SEEDS_DEFAULT);
     for &seed in &seeds {
         let mut sim = Sim::new(seed);
@@ -826,10 +903,15 @@ fn every_seed_keeps_what_was_acknowledged_exactly_once() {
             refused += 1;
         }
         crashes += sim.crashes;
+        phantoms += sim.phantoms_set_aside;
     }
     eprintln!(
-        "simulated {} seeds: {crashes} crashes, {refused} runs ended by a refusal they had to make",
+        "simulated {} seeds: {crashes} crashes, {refused} runs ended by a refusal they had to make, \
+         {phantoms} phantom snapshots set aside",
         seeds.len()
     );
     assert!(crashes > seeds.len() as u32, "the runs crash");
+    if seeds.len() as u64 >= SEEDS_DEFAULT {
+        assert!(phantoms > 0, "the runs place phantom snapshots");
+    }
 }
