@@ -38,11 +38,17 @@ impl AlignedBlock {
     }
 }
 
+/// Whether `error` is a refusal of `O_DIRECT` itself (the flag, or an alignment the device does not
+/// take), after which plain writes of the same bytes still work.
+fn refuses_direct(error: &io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP))
+}
+
 /// Opens `path` with `O_DIRECT` added to `options`; `None` where the file system refuses it.
 fn open_direct(options: &mut OpenOptions, path: &Path) -> io::Result<Option<File>> {
     match options.custom_flags(libc::O_DIRECT).open(path) {
         Ok(file) => Ok(Some(file)),
-        Err(error) if error.raw_os_error() == Some(libc::EINVAL) => Ok(None),
+        Err(error) if refuses_direct(&error) => Ok(None),
         Err(error) => Err(error),
     }
 }
@@ -85,7 +91,7 @@ impl DirectWriter {
         })
     }
 
-    /// Writes the block's first `bytes`, a multiple of the alignment but for the file's last block.
+    /// Writes the block's first `bytes`, a multiple of the alignment (the file's last block is padded).
     fn write_block(&mut self, bytes: usize) -> io::Result<()> {
         debug_assert!(bytes <= BLOCK_BYTES && bytes.is_multiple_of(ALIGNMENT));
         let block = &self.block.storage[self.block.start..self.block.start + bytes];
@@ -94,7 +100,7 @@ impl DirectWriter {
         // alignment (a device whose blocks are larger than a page).
         let written = match self.file.write(block) {
             Ok(written) => written,
-            Err(error) if error.raw_os_error() == Some(libc::EINVAL) => 0,
+            Err(error) if refuses_direct(&error) => 0,
             Err(error) => return Err(error),
         };
         if written < bytes {
@@ -118,20 +124,22 @@ impl DirectWriter {
 }
 
 impl Write for DirectWriter {
+    /// A full block goes out before new bytes are taken, so that a write that fails (interrupted, say)
+    /// has taken nothing and can be tried again.
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.filled == BLOCK_BYTES {
+            self.write_block(BLOCK_BYTES)?;
+            self.filled = 0;
+        }
         let taken = buf.len().min(BLOCK_BYTES - self.filled);
         let filled = self.filled;
         self.block.bytes()[filled..filled + taken].copy_from_slice(&buf[..taken]);
         self.filled += taken;
         self.length += taken as u64;
-        if self.filled == BLOCK_BYTES {
-            self.write_block(BLOCK_BYTES)?;
-            self.filled = 0;
-        }
         Ok(taken)
     }
 
-    /// Whole blocks only go when full: the rest waits for [`DirectWriter::finish`].
+    /// Whole blocks only go when the next bytes come: the rest waits for [`DirectWriter::finish`].
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
@@ -170,6 +178,23 @@ mod tests {
                 "{length} bytes on disk"
             );
         }
+    }
+
+    /// A file whose `O_DIRECT` was turned off part way (what a refused or short direct write does)
+    /// holds the same bytes.
+    #[test]
+    fn a_file_written_on_without_direct_io_holds_the_same_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("file");
+        let bytes: Vec<u8> = (0..3 * BLOCK_BYTES + 777)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let mut writer = DirectWriter::create(&path).unwrap();
+        writer.write_all(&bytes[..BLOCK_BYTES + 5]).unwrap();
+        stop_direct(&writer.file).unwrap();
+        writer.write_all(&bytes[BLOCK_BYTES + 5..]).unwrap();
+        writer.finish().unwrap().sync_all().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), bytes);
     }
 
     /// An existing longer file is emptied first: nothing of it is left past the new end.
