@@ -349,22 +349,16 @@ impl HistoryStore {
     ) {
         let mut groups = txns.chunks(LOOKUP_GROUP_TXNS).peekable();
         if let Some(first) = groups.peek() {
-            self.look_up_ahead(first);
+            self.look_up(first.iter().map(|txn| txn.card));
         }
         while let Some(group) = groups.next() {
             if let Some(next) = groups.peek() {
-                self.look_up_ahead(next);
+                self.look_up(next.iter().map(|txn| txn.card));
             }
             for txn in group {
                 verdicts.push(self.score_and_store(txn, rules, window));
             }
         }
-    }
-
-    /// Looks up `txns`' cards one after another, so that the misses on their map slots overlap, and
-    /// starts fetching their histories.
-    fn look_up_ahead(&self, txns: &[Txn]) {
-        self.look_up(txns.iter().map(|txn| txn.card));
     }
 
     /// Looks up `cards` one after another, so that the misses on their map slots overlap (nothing a

@@ -427,17 +427,11 @@ impl Sim {
             return;
         }
         let (lsn, stepped, file_chunks) = self.snapshot.take().unwrap();
-        let (chunks, failed) = stepped.finish();
-        if let Some(error) = failed {
-            self.fail(error);
-        }
-        chunks.finish().unwrap();
         // As `publish_snapshot`: once what it holds is durable, then the two newest are kept and the
         // journal behind the older is released.
         self.commit();
-        let file = crate::snapshot::write_streamed(&self.snapshot_dir, lsn, file_chunks)
-            .unwrap_or_else(|e| self.fail(e));
-        let path = file.publish().unwrap();
+        let dir = self.snapshot_dir.clone();
+        let path = self.write_snapshot_file(&dir, lsn, stepped, file_chunks);
         let (restored, loaded) = crate::recovery::load_snapshot(
             &path,
             0,
@@ -463,6 +457,24 @@ impl Sim {
         ));
     }
 
+    /// Ends a whole snapshot's steps and publishes its file in `dir`, as `publish_snapshot` writes it.
+    fn write_snapshot_file(
+        &self,
+        dir: &Path,
+        lsn: Lsn,
+        stepped: SteppedSnapshot<ChunkSender>,
+        file_chunks: ChunkReceiver,
+    ) -> PathBuf {
+        let (chunks, failed) = stepped.finish();
+        if let Some(error) = failed {
+            self.fail(error);
+        }
+        chunks.finish().unwrap();
+        let file =
+            crate::snapshot::write_streamed(dir, lsn, file_chunks).unwrap_or_else(|e| self.fail(e));
+        file.publish().unwrap()
+    }
+
     /// As an owner fenced off its partition's log does: writes a whole snapshot that holds the
     /// records in flight, which then never reach the journal (the process stops). The file is kept
     /// aside until [`Self::place_phantom`].
@@ -474,15 +486,8 @@ impl Sim {
         let (out, file_chunks) = crate::snapshot::chunk_pipe(None).unwrap();
         let mut stepped = SteppedSnapshot::begin(&mut self.core, out);
         while !stepped.step(&mut self.core, usize::MAX) {}
-        let (chunks, failed) = stepped.finish();
-        if let Some(error) = failed {
-            self.fail(error);
-        }
-        chunks.finish().unwrap();
         let aside = self._dir.path().join("phantom");
-        let file = crate::snapshot::write_streamed(&aside, lsn, file_chunks)
-            .unwrap_or_else(|e| self.fail(e));
-        let path = file.publish().unwrap();
+        let path = self.write_snapshot_file(&aside, lsn, stepped, file_chunks);
         self.phantom = Some((lsn, std::fs::read(&path).unwrap()));
         std::fs::remove_file(path).unwrap();
         self.note(format!(
