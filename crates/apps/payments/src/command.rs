@@ -371,6 +371,13 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     postcard::to_stdvec(value).expect("payments values always encode")
 }
 
+/// Encodes `value` at the end of `out`. Apply and the snapshot's steps encode into buffers they keep:
+/// `encode` grows a new vector from empty for each value, and that showed in the partition's profile
+/// (a payment's encoding was most of a snapshot step's time, BENCHMARKS.md, issue 18).
+pub fn encode_into<T: Serialize>(value: &T, out: &mut Vec<u8>) {
+    postcard::to_io(value, out).expect("payments values always encode");
+}
+
 pub fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, postcard::Error> {
     postcard::from_bytes(bytes)
 }

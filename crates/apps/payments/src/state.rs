@@ -14,7 +14,7 @@
 use crate::card::expired_at;
 use crate::command::{
     Authorize, Capture, CaptureStatus, Command, Event, EventKind, Payment, PaymentId, Refund,
-    Refusal, Reply, Status, decode, encode,
+    Refusal, Reply, Status, decode, encode, encode_into,
 };
 use serde::{Deserialize, Serialize};
 use spate_cards::history::HistoryStore;
@@ -147,6 +147,9 @@ pub struct PaymentsState {
     revived: Option<Revived>,
     /// The payments the command in progress changed: those final at its end go to the archive.
     changed: Vec<PaymentId>,
+    /// Kept between commands for the bytes of each event and archived payment, so that encoding one
+    /// allocates nothing.
+    encoded: Vec<u8>,
 }
 
 /// An archived payment in memory while a command may change it.
@@ -159,19 +162,11 @@ struct Revived {
 
 impl PaymentsState {
     pub fn new(rules: Arc<dyn RuleSet>, entries_per_card_max: usize) -> Self {
-        Self {
-            ledger: Ledger::default(),
-            deadlines: BTreeSet::new(),
-            spool: BTreeMap::new(),
-            history: HistoryStore::new(entries_per_card_max),
+        Self::with_ledger(
+            Ledger::default(),
+            HistoryStore::new(entries_per_card_max),
             rules,
-            window: Vec::new(),
-            snapshot_start: None,
-            snapshot_batches: None,
-            archives_final: true,
-            revived: None,
-            changed: Vec::new(),
-        }
+        )
     }
 
     fn with_ledger(ledger: Ledger, history: HistoryStore, rules: Arc<dyn RuleSet>) -> Self {
@@ -187,6 +182,7 @@ impl PaymentsState {
             archives_final: true,
             revived: None,
             changed: Vec::new(),
+            encoded: Vec::new(),
         };
         for (_, payment) in state.ledger.payments.iter() {
             if payment.status == Status::Authorized {
@@ -343,7 +339,9 @@ impl PaymentsState {
                 continue;
             };
             if is_final(payment) {
-                archive.put(&payment_key(&id, 0), &encode(payment));
+                self.encoded.clear();
+                encode_into(payment, &mut self.encoded);
+                archive.put(&payment_key(&id, 0), &self.encoded);
                 self.ledger.payments.remove(&id);
             }
         }
@@ -837,7 +835,9 @@ impl StateMachine for PaymentsState {
                 let reply =
                     self.apply_command(decoded, now_ms, effects, &mut |event| events.push(event));
                 for event in &events {
-                    effects.emit(&encode(event));
+                    self.encoded.clear();
+                    encode_into(event, &mut self.encoded);
+                    effects.emit(&self.encoded);
                 }
                 reply
             }
@@ -845,7 +845,7 @@ impl StateMachine for PaymentsState {
                 "undecodable payments command: {error}"
             ))),
         };
-        effects.reply().extend_from_slice(&encode(&reply));
+        encode_into(&reply, effects.reply());
     }
 
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {

@@ -11,9 +11,9 @@
 //! still read.
 
 use super::{Batch, CaptureRef, Ledger};
-use crate::command::{PAYMENT_ID_BYTES, Payment, PaymentId, decode, encode};
+use crate::command::{PAYMENT_ID_BYTES, Payment, PaymentId, decode, encode, encode_into};
 use serde::{Deserialize, Serialize};
-use spate_engine::wire::{ReadLe, WriteLe};
+use spate_engine::wire::ReadLe;
 use spate_engine::{EntryCodec, SegmentedMap};
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -36,9 +36,20 @@ pub(crate) type Payments = SegmentedMap<PaymentId, Box<Payment>, PaymentCodec>;
 pub(crate) struct PaymentCodec;
 
 impl EntryCodec<PaymentId, Box<Payment>> for PaymentCodec {
+    /// The payment behind its u32 length, encoded in a buffer the thread keeps and written at once.
     fn write(id: &PaymentId, payment: &Box<Payment>, out: &mut dyn io::Write) -> io::Result<()> {
         debug_assert_eq!(*id, payment.id);
-        out.write_bytes_le(&encode(payment))
+        thread_local! {
+            static ENCODED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        ENCODED.with_borrow_mut(|encoded| {
+            encoded.clear();
+            encoded.extend_from_slice(&[0; 4]);
+            encode_into(payment, encoded);
+            let len = u32::try_from(encoded.len() - 4).map_err(io::Error::other)?;
+            encoded[..4].copy_from_slice(&len.to_le_bytes());
+            out.write_all(encoded)
+        })
     }
 
     fn read(input: &mut dyn io::Read) -> io::Result<(PaymentId, Box<Payment>)> {
@@ -244,6 +255,7 @@ impl Ledger {
 mod tests {
     use super::*;
     use crate::state::tests::authorized_payment;
+    use spate_engine::wire::WriteLe;
 
     /// Captures appended and confirmed while a snapshot's steps write a batch are not in it: the batch
     /// reads back as it was when the snapshot began.
