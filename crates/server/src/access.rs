@@ -316,8 +316,8 @@ impl Access {
 /// Makes a new key: what the client sends, and its SHA-256 in hex for the key file.
 pub fn new_key() -> (String, String) {
     let random: [u8; KEY_RANDOM_BYTES] = rand::random();
-    let key = format!("{KEY_PREFIX}{}", hex(&random));
-    let hash = hex(&Sha256::digest(key.as_bytes()));
+    let key = format!("{KEY_PREFIX}{}", hex::encode(random));
+    let hash = hex::encode(Sha256::digest(key.as_bytes()));
     (key, hash)
 }
 
@@ -326,19 +326,9 @@ pub fn check_role(role: &str, apps: &[(&str, Option<&str>)]) -> Result<(), Strin
     Role::parse(role, apps).map(|_| ())
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn parse_sha256(text: &str) -> Option<[u8; 32]> {
-    let text = text.trim();
-    if text.len() != 64 || !text.is_ascii() {
-        return None;
-    }
     let mut hash = [0u8; 32];
-    for (byte, pair) in hash.iter_mut().zip(text.as_bytes().chunks(2)) {
-        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
-    }
+    hex::decode_to_slice(text.trim(), &mut hash).ok()?;
     Some(hash)
 }
 
@@ -633,12 +623,16 @@ mod tests {
             assert!(error.contains(expected), "{roles}: {error}");
         }
         assert!(Access::parse("", APPS).unwrap_err().contains("no [[key]]"));
-        let bad_hash = "[[key]]\nname = \"k\"\nsha256 = \"abc\"\nroles = [\"admin\"]\n";
-        assert!(
-            Access::parse(bad_hash, APPS)
-                .unwrap_err()
-                .contains("64 hex digits")
-        );
+        for hash in ["abc".to_string(), "+f".repeat(32), "g".repeat(64)] {
+            let bad_hash =
+                format!("[[key]]\nname = \"k\"\nsha256 = \"{hash}\"\nroles = [\"admin\"]\n");
+            assert!(
+                Access::parse(&bad_hash, APPS)
+                    .unwrap_err()
+                    .contains("64 hex digits"),
+                "{hash}"
+            );
+        }
     }
 
     #[test]

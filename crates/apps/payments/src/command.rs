@@ -4,7 +4,7 @@
 //! token, the tax and capture window the edge resolved from reference data, the feature switches. So a
 //! replay rebuilds the same state whatever the reference data is at the time.
 
-use crate::keys::{SealedCard, hex};
+use crate::keys::SealedCard;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -52,7 +52,7 @@ impl PaymentId {
 
 impl fmt::Display for PaymentId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "pay_{}", hex(&self.0))
+        write!(f, "pay_{}", hex::encode(self.0))
     }
 }
 
@@ -148,7 +148,7 @@ pub struct StoredCard {
 
 impl StoredCard {
     pub fn token_text(&self) -> String {
-        format!("tok_{}", hex(&self.token))
+        format!("tok_{}", hex::encode(self.token))
     }
 
     /// The fraud history's card key: the token as a 14-digit number (the fraud record's card field).
@@ -276,11 +276,11 @@ impl Payment {
     }
 
     pub fn capture_id(&self, index: usize) -> String {
-        format!("cap_{}_{}", hex(&self.id.0), index + 1)
+        format!("cap_{}_{}", hex::encode(self.id.0), index + 1)
     }
 
     pub fn refund_id(&self, index: usize) -> String {
-        format!("re_{}_{}", hex(&self.id.0), index + 1)
+        format!("re_{}_{}", hex::encode(self.id.0), index + 1)
     }
 }
 

@@ -87,7 +87,7 @@ pub struct Kek {
 
 impl Kek {
     pub fn from_bytes(key: [u8; KEY_BYTES]) -> Self {
-        let id = format!("kek-{}", hex(&hmac(&key, &[b"spate kek id"])[..4]));
+        let id = format!("kek-{}", hex::encode(&hmac(&key, &[b"spate kek id"])[..4]));
         Self { key, id }
     }
 
@@ -157,14 +157,6 @@ impl Kek {
     fn cipher(&self) -> Aes256Gcm {
         Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(&self.key))
     }
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::new(), |mut out, b| {
-        let _ = write!(out, "{b:02x}");
-        out
-    })
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -7,7 +7,7 @@
 //! identical) and confirms them. A batch id is its cutoff time in ms, and the header's `created`.
 
 use crate::command::{Command, Reply, encode};
-use crate::keys::{Keyring, hex, write_durably};
+use crate::keys::{Keyring, write_durably};
 use crate::reference::Reference;
 use crate::state::{Batches, Detail, Details, PartitionQuery};
 use crate::{APP_ID, command::decode};
@@ -321,7 +321,7 @@ pub fn render(
         );
     }
     let (_, mac) = keyring.mac(text.as_bytes());
-    let _ = writeln!(text, "T|{}|{total}|{}", details.len(), hex(&mac));
+    let _ = writeln!(text, "T|{}|{total}|{}", details.len(), hex::encode(mac));
     text.into_bytes()
 }
 
@@ -338,7 +338,7 @@ pub fn verify(bytes: &[u8], keyring: &Keyring) -> Result<(u64, u64), String> {
     let ["T", count, total, mac] = fields[..] else {
         return Err("the last line is not a trailer".to_string());
     };
-    if hex(&keyring.mac(body.as_bytes()).1) != mac {
+    if hex::encode(keyring.mac(body.as_bytes()).1) != mac {
         return Err("the MAC does not match".to_string());
     }
     let details: Vec<u64> = body
