@@ -98,6 +98,10 @@ pub struct LedgerBench {
     /// ledger: closed-loop connections of each run
     #[arg(long, default_value_t = 64)]
     pub ledger_connections: u32,
+    /// ledger: one more run of prepare then fulfil (16 FSPs) from this many connections, where group
+    /// commits hold more requests each; 0 skips it
+    #[arg(long, default_value_t = 256)]
+    pub ledger_capacity_connections: u32,
     /// ledger: batch runs as CONNECTIONSxOPERATIONS (TigerBeetle-style batches of 8,000 from a few
     /// clients, and many clients with small batches)
     #[arg(long, value_delimiter = ',', default_values_t = ["4x8000".to_string(), "64x100".to_string(), "64x10".to_string()])]
