@@ -378,6 +378,25 @@ pub fn encode_into<T: Serialize>(value: &T, out: &mut Vec<u8>) {
     postcard::to_io(value, out).expect("payments values always encode");
 }
 
+/// A kept buffer's capacity past which it is let go rather than emptied: a payment may hold 65,536
+/// captures, and one such would otherwise keep megabytes on every thread that encoded it.
+const KEPT_BUFFER_BYTES_MAX: usize = 64 << 10;
+
+/// Empties a kept buffer for its next value.
+pub fn reuse(buffer: &mut Vec<u8>) {
+    if buffer.capacity() > KEPT_BUFFER_BYTES_MAX {
+        *buffer = Vec::new();
+    }
+    buffer.clear();
+}
+
+/// `value`'s bytes, encoded in `buffer` in place of what it held.
+pub fn encode_in<'b, T: Serialize>(value: &T, buffer: &'b mut Vec<u8>) -> &'b [u8] {
+    reuse(buffer);
+    encode_into(value, buffer);
+    buffer
+}
+
 pub fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, postcard::Error> {
     postcard::from_bytes(bytes)
 }

@@ -14,7 +14,7 @@
 use crate::card::expired_at;
 use crate::command::{
     Authorize, Capture, CaptureStatus, Command, Event, EventKind, Payment, PaymentId, Refund,
-    Refusal, Reply, Status, decode, encode, encode_into,
+    Refusal, Reply, Status, decode, encode, encode_in, encode_into,
 };
 use serde::{Deserialize, Serialize};
 use spate_cards::history::HistoryStore;
@@ -148,7 +148,8 @@ pub struct PaymentsState {
     /// The payments the command in progress changed: those final at its end go to the archive.
     changed: Vec<PaymentId>,
     /// Kept between commands for the bytes of each event and archived payment, so that encoding one
-    /// allocates nothing.
+    /// allocates nothing once the buffer has grown (a closed batch's captures, rare and up to millions,
+    /// get a vector of their own).
     encoded: Vec<u8>,
 }
 
@@ -339,9 +340,7 @@ impl PaymentsState {
                 continue;
             };
             if is_final(payment) {
-                self.encoded.clear();
-                encode_into(payment, &mut self.encoded);
-                archive.put(&payment_key(&id, 0), &self.encoded);
+                archive.put(&payment_key(&id, 0), encode_in(payment, &mut self.encoded));
                 self.ledger.payments.remove(&id);
             }
         }
@@ -357,7 +356,7 @@ impl PaymentsState {
             if *payment != revived.archived {
                 archive.put(
                     &payment_key(&revived.id, revived.revision + 1),
-                    &encode(&payment),
+                    encode_in(&payment, &mut self.encoded),
                 );
             }
         }
@@ -835,9 +834,7 @@ impl StateMachine for PaymentsState {
                 let reply =
                     self.apply_command(decoded, now_ms, effects, &mut |event| events.push(event));
                 for event in &events {
-                    self.encoded.clear();
-                    encode_into(event, &mut self.encoded);
-                    effects.emit(&self.encoded);
+                    effects.emit(encode_in(event, &mut self.encoded));
                 }
                 reply
             }

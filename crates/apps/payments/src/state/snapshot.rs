@@ -11,10 +11,11 @@
 //! still read.
 
 use super::{Batch, CaptureRef, Ledger};
-use crate::command::{PAYMENT_ID_BYTES, Payment, PaymentId, decode, encode, encode_into};
+use crate::command::{PAYMENT_ID_BYTES, Payment, PaymentId, decode, encode, encode_into, reuse};
 use serde::{Deserialize, Serialize};
 use spate_engine::wire::ReadLe;
 use spate_engine::{EntryCodec, SegmentedMap};
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 
@@ -40,10 +41,10 @@ impl EntryCodec<PaymentId, Box<Payment>> for PaymentCodec {
     fn write(id: &PaymentId, payment: &Box<Payment>, out: &mut dyn io::Write) -> io::Result<()> {
         debug_assert_eq!(*id, payment.id);
         thread_local! {
-            static ENCODED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+            static ENCODED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
         }
         ENCODED.with_borrow_mut(|encoded| {
-            encoded.clear();
+            reuse(encoded);
             encoded.extend_from_slice(&[0; 4]);
             encode_into(payment, encoded);
             let len = u32::try_from(encoded.len() - 4).map_err(io::Error::other)?;
@@ -256,6 +257,31 @@ mod tests {
     use super::*;
     use crate::state::tests::authorized_payment;
     use spate_engine::wire::WriteLe;
+
+    /// A payment's entry is its encoding behind its u32 length, as written before the kept buffer; a
+    /// payment large enough that the buffer is let go afterwards changes nothing for the next one.
+    #[test]
+    fn a_payment_entry_is_its_encoding_behind_its_length() {
+        let small = authorized_payment();
+        let mut large = small.clone();
+        large.metadata = (0..2000)
+            .map(|n| (format!("key {n}"), "v".repeat(40)))
+            .collect();
+        for payment in [&small, &large, &small] {
+            let mut written = Vec::new();
+            PaymentCodec::write(&payment.id, &Box::new(payment.clone()), &mut written).unwrap();
+            let mut expected = Vec::new();
+            expected.write_bytes_le(&encode(payment)).unwrap();
+            assert_eq!(written, expected);
+            assert_eq!(
+                PaymentCodec::read(&mut written.as_slice())
+                    .unwrap()
+                    .1
+                    .as_ref(),
+                payment
+            );
+        }
+    }
 
     /// Captures appended and confirmed while a snapshot's steps write a batch are not in it: the batch
     /// reads back as it was when the snapshot began.
