@@ -51,8 +51,12 @@ impl PaymentId {
 }
 
 impl fmt::Display for PaymentId {
+    /// Formatted on the stack: every answer names its payment.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "pay_{}", hex::encode(self.0))
+        let mut digits = [0; PAYMENT_ID_BYTES * 2];
+        hex::encode_to_slice(self.0, &mut digits).expect("two digits per byte");
+        f.write_str("pay_")?;
+        f.write_str(std::str::from_utf8(&digits).expect("hex digits are ASCII"))
     }
 }
 
