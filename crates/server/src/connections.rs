@@ -12,9 +12,10 @@
 //!
 //! HTTP/1.1 only, as every client of these APIs speaks it, in the clear or over TLS (`crate::tls`).
 
+use crate::REQUEST_BYTES_MAX;
 use axum::Router;
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{DefaultBodyLimit, Request};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -32,7 +33,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
-use tower::ServiceExt as _;
+use tower::{Layer as _, ServiceExt as _};
 
 #[derive(Debug, Clone)]
 pub struct ConnectionLimits {
@@ -193,8 +194,11 @@ pub async fn serve(
         // HTTP/1.1 serves a connection's requests one at a time, so one flag per connection is enough.
         let body_left_unread = Arc::new(AtomicBool::new(false));
         let body_left_unread_by_handler = body_left_unread.clone();
-        let service = router
-            .clone()
+        // The body limit goes around the whole router, not around each route (`Router::layer`),
+        // where it would cost every request another boxed clone of the route and a boxed future.
+        // Routes that set a limit of their own still do: theirs is set after this one.
+        let service = DefaultBodyLimit::max(REQUEST_BYTES_MAX)
+            .layer(router.clone())
             .map_request(move |request: Request<Incoming>| {
                 let metrics = body_metrics.clone();
                 let unread = body_left_unread_by_handler.clone();

@@ -10,14 +10,14 @@
 
 use crate::REQUEST_BYTES_MAX;
 use crate::api::{self, ApiError};
-use crate::observe::HttpMetrics;
+use crate::observe::{HttpMetrics, LatencySeries};
 use axum::extract::{MatchedPath, Request};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -58,6 +58,7 @@ impl<S> tower::Layer<S> for EdgeLayer {
         Edge {
             inner,
             shared: self.shared.clone(),
+            latency: Arc::default(),
         }
     }
 }
@@ -66,6 +67,8 @@ impl<S> tower::Layer<S> for EdgeLayer {
 pub(crate) struct Edge<S> {
     inner: S,
     shared: Arc<Shared>,
+    /// This route's latency series, once it answered (an `Edge` wraps one route's one method).
+    latency: Arc<OnceLock<LatencySeries>>,
 }
 
 impl<S> tower::Service<Request> for Edge<S>
@@ -84,6 +87,7 @@ where
     fn call(&mut self, request: Request) -> Self::Future {
         let started = Instant::now();
         let shared = self.shared.clone();
+        let latency = self.latency.clone();
         let method = request.method().clone();
         let route = request.extensions().get::<MatchedPath>().cloned();
         let path = request.uri().path();
@@ -103,7 +107,7 @@ where
             };
             let route = route.as_ref().map_or("unmatched", |r| r.as_str());
             let status = response.status();
-            (shared.metrics).observe(&method, route, status, started.elapsed());
+            (shared.metrics).observe(&latency, &method, route, status, started.elapsed());
             if status.as_u16() < 400 {
                 return Ok(response);
             }

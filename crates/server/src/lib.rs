@@ -13,7 +13,6 @@ pub mod openapi;
 pub mod tls;
 
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
 use prometheus_client::registry::Registry;
 use spate_engine::cluster::{Directory, Membership};
 use spate_engine::{AppSpec, Engine, EngineConfig, EngineHandle, LogStore};
@@ -171,7 +170,6 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     router = router.merge(openapi::route(&description));
     let router = router
         .fallback(|| async { ApiError::not_found("no such route") })
-        .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX))
         .layer(edge::EdgeLayer::new(
             http_metrics,
             config.connections.header_bytes_limit(),

@@ -10,7 +10,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use spate_engine::EngineHandle;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -60,27 +60,48 @@ impl HttpMetrics {
 
 impl HttpMetrics {
     /// Counts an answer to a `method` request on `route` (axum's matched template, or "unmatched").
+    /// `last` is the series of the route's previous answer: a route is mostly asked with one method,
+    /// and finding its series by label would build the label's `String` on every request.
     pub(crate) fn observe(
         &self,
+        last: &OnceLock<LatencySeries>,
         method: &axum::http::Method,
         route: &str,
         status: StatusCode,
         elapsed: std::time::Duration,
     ) {
-        let route = route.to_string();
         if status.as_u16() >= 400 {
             (self.errors)
                 .get_or_create(&ErrorLabel {
-                    route: route.clone(),
+                    route: route.to_string(),
                     status: status.as_u16(),
                 })
                 .inc();
         }
         let method = method_label(method);
-        (self.latency)
-            .get_or_create(&RouteLabel { method, route })
-            .observe(elapsed.as_secs_f64());
+        let seconds = elapsed.as_secs_f64();
+        match last.get() {
+            Some(series) if series.label.method == method && series.label.route == route => {
+                series.latency.observe(seconds);
+            }
+            _ => {
+                let label = RouteLabel {
+                    method,
+                    route: route.to_string(),
+                };
+                let latency = self.latency.get_or_create(&label).clone();
+                latency.observe(seconds);
+                // The first series a route answered stays its cached one.
+                let _ = last.set(LatencySeries { label, latency });
+            }
+        }
     }
+}
+
+/// One route's latency series and its label (see [`HttpMetrics::observe`]).
+pub(crate) struct LatencySeries {
+    label: RouteLabel,
+    latency: Histogram,
 }
 
 /// A label for `method` from a fixed set: a client may send any token as a method, and each new
