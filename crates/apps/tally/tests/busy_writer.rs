@@ -1,0 +1,187 @@
+//! While the journal's writer is busy with one group commit and the next batch waits for it, requests
+//! that come meanwhile would join that waiting batch whenever they were applied. The partition thread
+//! leaves them in its queue until the writer can take the batch, then applies them all at once: the
+//! tasks that queue requests need not wake it once per request. This holds the partition to that, and
+//! to losing and reordering nothing when the writer frees.
+
+use prometheus_client::registry::Registry;
+use spate_engine::journal::{JournalError, Log, Visit};
+use spate_engine::{Engine, EngineConfig, FileLogStore, LogStore, Lsn, PartitionId, Reply};
+use spate_tally::{APP_ID, Command, TallyState};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Holds every append while closed, as a slow disk would.
+#[derive(Default)]
+struct Gate {
+    closed: Mutex<bool>,
+    opened: Condvar,
+    /// An append is waiting at the closed gate.
+    reached: AtomicBool,
+}
+
+impl Gate {
+    fn set_closed(&self, closed: bool) {
+        *self.closed.lock().unwrap() = closed;
+        self.opened.notify_all();
+    }
+}
+
+struct GatedLogs {
+    files: FileLogStore,
+    gate: Arc<Gate>,
+}
+
+impl LogStore for GatedLogs {
+    fn open(
+        &self,
+        partition: PartitionId,
+        snapshot_dir: &Path,
+    ) -> Result<Box<dyn Log>, JournalError> {
+        let log = self.files.open(partition, snapshot_dir)?;
+        Ok(Box::new(GatedLog {
+            log,
+            gate: self.gate.clone(),
+        }))
+    }
+
+    fn read_range(
+        &self,
+        partition: PartitionId,
+        from: Lsn,
+        until: Lsn,
+        visit: &mut Visit<'_>,
+    ) -> Result<(), JournalError> {
+        self.files.read_range(partition, from, until, visit)
+    }
+}
+
+struct GatedLog {
+    log: Box<dyn Log>,
+    gate: Arc<Gate>,
+}
+
+impl Log for GatedLog {
+    fn next_lsn(&self) -> Lsn {
+        self.log.next_lsn()
+    }
+
+    fn first_lsn(&self) -> Lsn {
+        self.log.first_lsn()
+    }
+
+    fn append(&mut self, frames: &[u8], record_count: u64) -> Result<(), JournalError> {
+        let closed = self.gate.closed.lock().unwrap();
+        if *closed {
+            self.gate.reached.store(true, Ordering::Release);
+        }
+        drop(self.gate.opened.wait_while(closed, |closed| *closed));
+        self.log.append(frames, record_count)
+    }
+
+    fn replay(&self, from: Lsn, visit: &mut Visit<'_>) -> Result<(), JournalError> {
+        self.log.replay(from, visit)
+    }
+
+    fn release_before(&mut self, lsn: Lsn) -> Result<(), JournalError> {
+        self.log.release_before(lsn)
+    }
+
+    fn sync(&mut self) -> Result<(), JournalError> {
+        self.log.sync()
+    }
+}
+
+fn add(tag: u64) -> Vec<u8> {
+    Command::Add {
+        account: "acct0".into(),
+        amount: 1,
+        tag,
+    }
+    .encode()
+}
+
+/// `spate_commands_applied_total`, summed over the registry's series.
+fn applied(registry: &Registry) -> u64 {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+    text.lines()
+        .filter(|line| line.starts_with("spate_commands_applied_total"))
+        .map(|line| line.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within 10 s");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn requests_wait_in_the_queue_while_their_batch_waits_for_the_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut config = EngineConfig::new(dir.path());
+    config.partitions = 1;
+    let gate = Arc::new(Gate::default());
+    let logs = GatedLogs {
+        files: FileLogStore::new(dir.path(), config.journal.clone()),
+        gate: gate.clone(),
+    };
+    let mut registry = Registry::default();
+    let engine = Engine::start_on(
+        Arc::new(logs),
+        config,
+        vec![spate_tally::module().spec],
+        &mut registry,
+    )
+    .unwrap();
+    let handle = engine.handle();
+    let reply = runtime.block_on(handle.submit(0, APP_ID, None, add(1)));
+    assert!(matches!(reply, Ok(Reply::Applied(_))), "{reply:?}");
+
+    // The writer holds a group commit (add 2); the next batch (add 3) goes to it, ready to be taken.
+    gate.set_closed(true);
+    let mut pending = vec![handle.enqueue(0, APP_ID, None, add(2)).unwrap()];
+    wait_until("the writer is at the gate", || {
+        gate.reached.load(Ordering::Acquire)
+    });
+    pending.push(handle.enqueue(0, APP_ID, None, add(3)).unwrap());
+    wait_until("add 3 is applied", || applied(&registry) == 3);
+    // The hand-off follows its apply at once; this leaves a descheduled thread time for it.
+    std::thread::sleep(Duration::from_millis(50));
+    // An idle partition with an empty batch applies what comes: add 4 opens the batch that must wait.
+    pending.push(handle.enqueue(0, APP_ID, None, add(4)).unwrap());
+    wait_until("add 4 is applied", || applied(&registry) == 4);
+
+    for tag in 5..=10 {
+        pending.push(handle.enqueue(0, APP_ID, None, add(tag)).unwrap());
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        applied(&registry),
+        4,
+        "requests were applied while their batch could not go to the writer"
+    );
+
+    gate.set_closed(false);
+    for pending in pending {
+        let reply = runtime.block_on(pending.reply());
+        assert!(matches!(reply, Ok(Reply::Applied(_))), "{reply:?}");
+    }
+    assert_eq!(applied(&registry), 10);
+    let account = runtime.block_on(handle.query(0, APP_ID, |state: &TallyState| {
+        state.account("acct0").cloned()
+    }));
+    let tags: Vec<u64> = (account.unwrap().expect("acct0 exists").entries.iter())
+        .map(|&(tag, _)| tag)
+        .collect();
+    assert_eq!(tags, (1..=10).collect::<Vec<_>>());
+}
