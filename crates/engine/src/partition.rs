@@ -464,8 +464,11 @@ impl PartitionThread {
             // Without a linger, a batch waits only for the writer to take it, and requests that come
             // meanwhile would join that same batch whenever they were applied: they wait in the queue
             // and are taken just before it goes, so that the tasks that queue them need not wake this
-            // thread once per request (a wake-up costs both threads a few µs on a VM).
-            let waits_for_writer = !self.batch.is_empty() && !self.limits.linger.is_on();
+            // thread once per request (a wake-up costs both threads a few µs on a VM). Not while a
+            // snapshot is written: this thread does not sleep then, and its steps are interleaved with
+            // the requests they make wait (`drain`).
+            let waits_for_writer =
+                !self.batch.is_empty() && !self.limits.linger.is_on() && self.snapshot.is_none();
             let mut select = Select::new();
             select.recv(&internal);
             if accepting && !waits_for_writer {
