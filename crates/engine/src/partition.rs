@@ -501,8 +501,7 @@ impl PartitionThread {
             // Readiness only: each queue is then read without blocking, so that a batch that waited
             // for the writer goes after what queued meanwhile has joined it. What is ready now is
             // checked by hand: crossbeam's `ready` spins and yields the thread a few times before it
-            // gives up or sleeps, which the loop would pay on every turn while a snapshot is written
-            // (fraud's stream at 30 M cards went 14% slower).
+            // gives up or sleeps, which the loop would pay on every turn while a snapshot is written.
             let writer_free = writer_index.is_some() && !self.writer.is_full();
             let hands_off =
                 if writer_free || !internal.is_empty() || (listening && !external.is_empty()) {
@@ -616,7 +615,7 @@ impl PartitionThread {
     /// applied up to 32 batches of 4,096 transactions between two steps, and the step that wrote what
     /// they forced out took 310 ms). The first request is outside the budget, as it was when the loop's
     /// select took it before the drain: counting it halved what fraud's stream applied between two
-    /// steps at 30 M cards (a request is more than a budget) and slowed the stream by 14%.
+    /// steps at 30 M cards (a request is more than a budget), and the stream ran 15% slower.
     fn drain(&mut self) -> Option<(Sender<Result<(), String>>, Frees)> {
         let mut budget_from = None;
         for _ in 0..DRAIN_MAX {
