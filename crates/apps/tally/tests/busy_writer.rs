@@ -4,11 +4,13 @@
 //! tasks that queue requests need not wake it once per request. This holds the partition to that, and
 //! to losing and reordering nothing when the writer frees.
 
+mod hooked_log;
+
+use hooked_log::{BeforeAppend, HookedLogs};
 use prometheus_client::registry::Registry;
-use spate_engine::journal::{JournalError, Log, Visit};
-use spate_engine::{Engine, EngineConfig, FileLogStore, LogStore, Lsn, PartitionId, Reply};
+use spate_engine::journal::JournalError;
+use spate_engine::{Engine, EngineConfig, FileLogStore, Reply};
 use spate_tally::{APP_ID, Command, TallyState};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -29,68 +31,14 @@ impl Gate {
     }
 }
 
-struct GatedLogs {
-    files: FileLogStore,
-    gate: Arc<Gate>,
-}
-
-impl LogStore for GatedLogs {
-    fn open(
-        &self,
-        partition: PartitionId,
-        snapshot_dir: &Path,
-    ) -> Result<Box<dyn Log>, JournalError> {
-        let log = self.files.open(partition, snapshot_dir)?;
-        Ok(Box::new(GatedLog {
-            log,
-            gate: self.gate.clone(),
-        }))
-    }
-
-    fn read_range(
-        &self,
-        partition: PartitionId,
-        from: Lsn,
-        until: Lsn,
-        visit: &mut Visit<'_>,
-    ) -> Result<(), JournalError> {
-        self.files.read_range(partition, from, until, visit)
-    }
-}
-
-struct GatedLog {
-    log: Box<dyn Log>,
-    gate: Arc<Gate>,
-}
-
-impl Log for GatedLog {
-    fn next_lsn(&self) -> Lsn {
-        self.log.next_lsn()
-    }
-
-    fn first_lsn(&self) -> Lsn {
-        self.log.first_lsn()
-    }
-
-    fn append(&mut self, frames: &[u8], record_count: u64) -> Result<(), JournalError> {
-        let closed = self.gate.closed.lock().unwrap();
+impl BeforeAppend for Gate {
+    fn before_append(&self) -> Result<(), JournalError> {
+        let closed = self.closed.lock().unwrap();
         if *closed {
-            self.gate.reached.store(true, Ordering::Release);
+            self.reached.store(true, Ordering::Release);
         }
-        drop(self.gate.opened.wait_while(closed, |closed| *closed));
-        self.log.append(frames, record_count)
-    }
-
-    fn replay(&self, from: Lsn, visit: &mut Visit<'_>) -> Result<(), JournalError> {
-        self.log.replay(from, visit)
-    }
-
-    fn release_before(&mut self, lsn: Lsn) -> Result<(), JournalError> {
-        self.log.release_before(lsn)
-    }
-
-    fn sync(&mut self) -> Result<(), JournalError> {
-        self.log.sync()
+        drop(self.opened.wait_while(closed, |closed| *closed));
+        Ok(())
     }
 }
 
@@ -131,10 +79,10 @@ fn requests_wait_in_the_queue_while_their_batch_waits_for_the_writer() {
     let mut config = EngineConfig::new(dir.path());
     config.partitions = 1;
     let gate = Arc::new(Gate::default());
-    let logs = GatedLogs {
-        files: FileLogStore::new(dir.path(), config.journal.clone()),
-        gate: gate.clone(),
-    };
+    let logs = HookedLogs::new(
+        FileLogStore::new(dir.path(), config.journal.clone()),
+        gate.clone(),
+    );
     let mut registry = Registry::default();
     let engine = Engine::start_on(
         Arc::new(logs),

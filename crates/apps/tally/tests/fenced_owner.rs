@@ -5,13 +5,14 @@
 //! new owner acknowledged. (Found as an acknowledged add missing after a rolling restart in
 //! `tests/kafka.rs`; this reproduces the interleaving on one engine, with the journal's fence simulated.)
 
+mod hooked_log;
+
+use hooked_log::{BeforeAppend, HookedLogs};
 use prometheus_client::registry::Registry;
 use spate_engine::cluster::{ReadSender, Remote, ReplySender};
-use spate_engine::journal::{JournalError, Log, Visit};
+use spate_engine::journal::JournalError;
 use spate_engine::record::{Envelope, Origin, begin_record, finish_record};
-use spate_engine::{
-    Engine, EngineConfig, EngineError, FileLogStore, LogStore, Lsn, PartitionId, Reply,
-};
+use spate_engine::{Engine, EngineConfig, EngineError, FileLogStore, Lsn, PartitionId, Reply};
 use spate_tally::{APP_ID, Command, TallyState};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,69 +37,15 @@ impl Fence {
     }
 }
 
-struct FencedLogs {
-    files: FileLogStore,
-    fence: Arc<Fence>,
-}
-
-impl LogStore for FencedLogs {
-    fn open(
-        &self,
-        partition: PartitionId,
-        snapshot_dir: &Path,
-    ) -> Result<Box<dyn Log>, JournalError> {
-        let log = self.files.open(partition, snapshot_dir)?;
-        Ok(Box::new(FencedLog {
-            log,
-            fence: self.fence.clone(),
-        }))
-    }
-
-    fn read_range(
-        &self,
-        partition: PartitionId,
-        from: Lsn,
-        until: Lsn,
-        visit: &mut Visit<'_>,
-    ) -> Result<(), JournalError> {
-        self.files.read_range(partition, from, until, visit)
-    }
-}
-
-struct FencedLog {
-    log: Box<dyn Log>,
-    fence: Arc<Fence>,
-}
-
-impl Log for FencedLog {
-    fn next_lsn(&self) -> Lsn {
-        self.log.next_lsn()
-    }
-
-    fn first_lsn(&self) -> Lsn {
-        self.log.first_lsn()
-    }
-
-    fn append(&mut self, frames: &[u8], record_count: u64) -> Result<(), JournalError> {
-        if self.fence.up.load(Ordering::Acquire) {
-            self.fence.reached.store(true, Ordering::Release);
-            let confirmed = self.fence.confirmed.lock().unwrap();
-            drop(self.fence.confirmation.wait_while(confirmed, |c| !*c));
-            return Err(JournalError::Failed);
+impl BeforeAppend for Fence {
+    fn before_append(&self) -> Result<(), JournalError> {
+        if !self.up.load(Ordering::Acquire) {
+            return Ok(());
         }
-        self.log.append(frames, record_count)
-    }
-
-    fn replay(&self, from: Lsn, visit: &mut Visit<'_>) -> Result<(), JournalError> {
-        self.log.replay(from, visit)
-    }
-
-    fn release_before(&mut self, lsn: Lsn) -> Result<(), JournalError> {
-        self.log.release_before(lsn)
-    }
-
-    fn sync(&mut self) -> Result<(), JournalError> {
-        self.log.sync()
+        self.reached.store(true, Ordering::Release);
+        let confirmed = self.confirmed.lock().unwrap();
+        drop(self.confirmation.wait_while(confirmed, |c| !*c));
+        Err(JournalError::Failed)
     }
 }
 
@@ -171,10 +118,10 @@ fn node(data_dir: &Path, log_dir: &Path, fence: &Arc<Fence>) -> Engine {
     let mut config = EngineConfig::new(data_dir);
     config.partitions = 1;
     config.snapshot_interval_records = u64::MAX; // only a stop writes one
-    let logs = FencedLogs {
-        files: FileLogStore::new(log_dir, config.journal.clone()),
-        fence: fence.clone(),
-    };
+    let logs = HookedLogs::new(
+        FileLogStore::new(log_dir, config.journal.clone()),
+        fence.clone(),
+    );
     Engine::start_node(
         Arc::new(logs),
         Arc::new(NoOtherNode),
