@@ -465,7 +465,9 @@ impl PartitionThread {
             // meanwhile would join that same batch whenever they were applied. When this thread has
             // nothing else to do, they wait in the queue and are taken just before the batch goes, so
             // that the tasks that queue them need not wake it once per request (a wake-up costs both
-            // threads a few µs on a VM). Not while requests are queued already: applying them now
+            // threads a few µs on a VM). The queue is then the only buffer while the writer commits
+            // (a slow commit to Kafka fills it after `queue_capacity` requests, where the batch used to
+            // take as many again). Not while requests are queued already: applying them now
             // overlaps the writer's work (fraud's stream applies milliseconds per request). Nor while a
             // snapshot is written: this thread does not sleep then, and `drain` interleaves its steps
             // with the requests they make wait.
@@ -503,6 +505,8 @@ impl PartitionThread {
             // checked by hand: crossbeam's `ready` spins and yields the thread a few times before it
             // gives up or sleeps, which the loop would pay on every turn while a snapshot is written.
             let writer_free = writer_index.is_some() && !self.writer.is_full();
+            // Before the drain, so that it shows what queued meanwhile.
+            self.metrics.queue_depth.set(self.external.len() as i64);
             let hands_off =
                 if writer_free || !internal.is_empty() || (listening && !external.is_empty()) {
                     writer_free
@@ -532,7 +536,6 @@ impl PartitionThread {
                 }
                 continue;
             }
-            self.metrics.queue_depth.set(self.external.len() as i64);
             if self.batch.frames.len() >= self.limits.batch_bytes_max
                 || self.batch.releases.len() >= self.limits.batch_records_max
             {

@@ -67,7 +67,8 @@ impl<S> tower::Layer<S> for EdgeLayer {
 pub(crate) struct Edge<S> {
     inner: S,
     shared: Arc<Shared>,
-    /// This route's latency series, once it answered (an `Edge` wraps one route's one method).
+    /// The latency series of the first answer this edge gave: an `Edge` wraps one route's method (a
+    /// GET route also answers HEAD) or a fallback, which answers any method.
     latency: Arc<OnceLock<LatencySeries>>,
 }
 

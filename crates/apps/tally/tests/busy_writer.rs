@@ -61,6 +61,9 @@ fn applied(registry: &Registry) -> u64 {
         .sum()
 }
 
+/// A request the engine lost would otherwise hang the test rather than fail it.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
 fn wait_until(what: &str, done: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !done() {
@@ -108,6 +111,8 @@ fn requests_wait_in_the_queue_while_their_batch_waits_for_the_writer() {
     // An idle partition with an empty batch applies what comes: add 4 opens the batch that must wait.
     pending.push(handle.enqueue(0, APP_ID, None, add(4)).unwrap());
     wait_until("add 4 is applied", || applied(&registry) == 4);
+    // The count goes up inside apply: this leaves the partition time to end its turn and wait.
+    std::thread::sleep(Duration::from_millis(50));
 
     for tag in 5..=10 {
         pending.push(handle.enqueue(0, APP_ID, None, add(tag)).unwrap());
@@ -121,8 +126,9 @@ fn requests_wait_in_the_queue_while_their_batch_waits_for_the_writer() {
 
     gate.set_closed(false);
     for pending in pending {
-        let reply = runtime.block_on(pending.reply());
-        assert!(matches!(reply, Ok(Reply::Applied(_))), "{reply:?}");
+        let reply =
+            runtime.block_on(async { tokio::time::timeout(REPLY_TIMEOUT, pending.reply()).await });
+        assert!(matches!(reply, Ok(Ok(Reply::Applied(_)))), "{reply:?}");
     }
     assert_eq!(applied(&registry), 10);
     let account = runtime.block_on(handle.query(0, APP_ID, |state: &TallyState| {
