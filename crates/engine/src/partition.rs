@@ -618,7 +618,7 @@ impl PartitionThread {
     /// applied up to 32 batches of 4,096 transactions between two steps, and the step that wrote what
     /// they forced out took 310 ms). The first request is outside the budget, as it was when the loop's
     /// select took it before the drain: counting it halved what fraud's stream applied between two
-    /// steps at 30 M cards (a request is more than a budget), and the stream ran 15% slower.
+    /// steps at 30 M cards (a request is more than a budget), and the stream ran about a sixth slower.
     fn drain(&mut self) -> Option<(Sender<Result<(), String>>, Frees)> {
         let mut budget_from = None;
         for _ in 0..DRAIN_MAX {
