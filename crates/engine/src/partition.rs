@@ -505,8 +505,6 @@ impl PartitionThread {
             // checked by hand: crossbeam's `ready` spins and yields the thread a few times before it
             // gives up or sleeps, which the loop would pay on every turn while a snapshot is written.
             let writer_free = writer_index.is_some() && !self.writer.is_full();
-            // Before the drain, so that it shows what queued meanwhile.
-            self.metrics.queue_depth.set(self.external.len() as i64);
             let hands_off =
                 if writer_free || !internal.is_empty() || (listening && !external.is_empty()) {
                     writer_free
@@ -521,6 +519,8 @@ impl PartitionThread {
                     };
                     Some(ready) == writer_index
                 };
+            // After any wait and before the drain, so that it shows what queued meanwhile.
+            self.metrics.queue_depth.set(self.external.len() as i64);
             if (waits_for_writer || !hands_off)
                 && let Some((done, frees)) = self.drain()
             {
