@@ -60,11 +60,11 @@ impl HttpMetrics {
 
 impl HttpMetrics {
     /// Counts an answer to a `method` request on `route` (axum's matched template, or "unmatched").
-    /// `last` is the series of the route's previous answer: a route is mostly asked with one method,
-    /// and finding its series by label would build the label's `String` on every request.
+    /// `cached` holds the series of the first answer its edge gave: an edge is mostly asked with one
+    /// method, and finding the series by label would build the label's `String` on every request.
     pub(crate) fn observe(
         &self,
-        last: &OnceLock<LatencySeries>,
+        cached: &OnceLock<LatencySeries>,
         method: &axum::http::Method,
         route: &str,
         status: StatusCode,
@@ -80,7 +80,7 @@ impl HttpMetrics {
         }
         let method = method_label(method);
         let seconds = elapsed.as_secs_f64();
-        match last.get() {
+        match cached.get() {
             Some(series) if series.label.method == method && series.label.route == route => {
                 series.latency.observe(seconds);
             }
@@ -92,7 +92,7 @@ impl HttpMetrics {
                 let latency = self.latency.get_or_create(&label).clone();
                 latency.observe(seconds);
                 // The first series a route answered stays its cached one.
-                let _ = last.set(LatencySeries { label, latency });
+                let _ = cached.set(LatencySeries { label, latency });
             }
         }
     }
