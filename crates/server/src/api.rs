@@ -2,12 +2,14 @@
 //! and the mapping of engine outcomes to status codes.
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, Request};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use spate_engine::{CommandId, EngineError, Reply};
+use std::convert::Infallible;
 
 /// The one error shape: `{"error": {"code": ..., "message": ...}}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -295,33 +297,55 @@ pub const NOT_DOT_SEGMENTS: &str = "and not '.' or '..' (a URL path cannot name 
 /// Longest accepted `Idempotency-Key`.
 pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
 
-/// The `Idempotency-Key` header, as the description of an operation that honours it
-/// (`params(IdempotencyKey)`); handlers read it with [`command_id`].
+/// Longest app name a command id is scoped with (see [`IdempotencyKey::command_id`]).
+const APP_NAME_BYTES_MAX: usize = 32;
+
+/// The `Idempotency-Key` header: the description of an operation that honours it
+/// (`params(IdempotencyKey)`) and the extractor its handler reads it with. It takes that one header,
+/// where a `HeaderMap` extractor would copy them all (two allocations per request).
 #[derive(utoipa::IntoParams)]
 #[into_params(parameter_in = Header)]
 pub struct IdempotencyKey {
     /// 1 to 255 bytes. A request repeated with the same key and body gets the first one's answer and
     /// changes nothing; the same key with another body is refused with 422.
-    #[param(rename = "Idempotency-Key", min_length = 1, max_length = 255)]
-    pub idempotency_key: Option<String>,
+    #[param(rename = "Idempotency-Key", min_length = 1, max_length = 255, value_type = Option<String>)]
+    pub idempotency_key: Option<HeaderValue>,
 }
 
-/// The command id of a request's `Idempotency-Key` header, scoped to `app` so two apps' keys never meet.
-pub fn command_id(headers: &HeaderMap, app: &str) -> Result<Option<CommandId>, ApiError> {
-    let Some(value) = headers.get("idempotency-key") else {
-        return Ok(None);
-    };
-    let key = value.as_bytes();
-    if key.is_empty() || key.len() > IDEMPOTENCY_KEY_BYTES_MAX {
-        return Err(ApiError::bad_request(format!(
-            "Idempotency-Key must be 1 to {IDEMPOTENCY_KEY_BYTES_MAX} bytes"
-        )));
+impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Infallible> {
+        Ok(Self {
+            idempotency_key: parts.headers.get("idempotency-key").cloned(),
+        })
     }
-    let mut scoped = Vec::with_capacity(app.len() + 1 + key.len());
-    scoped.extend_from_slice(app.as_bytes());
-    scoped.push(0);
-    scoped.extend_from_slice(key);
-    Ok(Some(xxhash_rust::xxh3::xxh3_128(&scoped)))
+}
+
+impl IdempotencyKey {
+    /// The command id of the key, scoped to `app` so two apps' keys never meet; `None` without a key.
+    pub fn command_id(&self, app: &str) -> Result<Option<CommandId>, ApiError> {
+        let Some(value) = &self.idempotency_key else {
+            return Ok(None);
+        };
+        let key = value.as_bytes();
+        if key.is_empty() || key.len() > IDEMPOTENCY_KEY_BYTES_MAX {
+            return Err(ApiError::bad_request(format!(
+                "Idempotency-Key must be 1 to {IDEMPOTENCY_KEY_BYTES_MAX} bytes"
+            )));
+        }
+        assert!(
+            app.len() <= APP_NAME_BYTES_MAX,
+            "app name {app:?} is too long"
+        );
+        // `app`, a zero byte, then the key: hashed from the stack (ids are kept in journals and
+        // snapshots, so these bytes never change).
+        let mut scoped = [0u8; APP_NAME_BYTES_MAX + 1 + IDEMPOTENCY_KEY_BYTES_MAX];
+        let scoped_len = app.len() + 1 + key.len();
+        scoped[..app.len()].copy_from_slice(app.as_bytes());
+        scoped[app.len() + 1..scoped_len].copy_from_slice(key);
+        Ok(Some(xxhash_rust::xxh3::xxh3_128(&scoped[..scoped_len])))
+    }
 }
 
 /// The reply bytes of an applied or deduplicated command; the other outcomes as errors.
@@ -368,4 +392,56 @@ pub fn spawn_ticks(
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(value: &'static str) -> IdempotencyKey {
+        IdempotencyKey {
+            idempotency_key: Some(HeaderValue::from_static(value)),
+        }
+    }
+
+    #[test]
+    fn a_command_id_hashes_the_app_a_zero_byte_and_the_key() {
+        // Ids are kept in journals and snapshots: these bytes must never change.
+        assert_eq!(
+            key("order-17").command_id("tally").unwrap(),
+            Some(xxhash_rust::xxh3::xxh3_128(b"tally\0order-17"))
+        );
+        let longest = "k".repeat(IDEMPOTENCY_KEY_BYTES_MAX);
+        let scoped = [b"payments\0".as_slice(), longest.as_bytes()].concat();
+        let value = HeaderValue::from_str(&longest).unwrap();
+        let id = IdempotencyKey {
+            idempotency_key: Some(value),
+        }
+        .command_id("payments");
+        assert_eq!(id.unwrap(), Some(xxhash_rust::xxh3::xxh3_128(&scoped)));
+        assert_ne!(
+            key("a").command_id("tally").unwrap(),
+            key("a").command_id("ski").unwrap()
+        );
+    }
+
+    #[test]
+    fn no_key_is_no_id_and_a_key_too_long_is_refused() {
+        let none = IdempotencyKey {
+            idempotency_key: None,
+        };
+        assert_eq!(none.command_id("tally").unwrap(), None);
+        let too_long = HeaderValue::from_str(&"k".repeat(IDEMPOTENCY_KEY_BYTES_MAX + 1)).unwrap();
+        let refused = IdempotencyKey {
+            idempotency_key: Some(too_long),
+        }
+        .command_id("tally")
+        .unwrap_err();
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+        assert!(
+            refused.message.contains("Idempotency-Key"),
+            "{}",
+            refused.message
+        );
+    }
 }

@@ -21,11 +21,11 @@ use crate::record::{Digits, FIELD_NAMES, Txn, mask_card, parse_field};
 use crate::state::{FraudState, PartitionStats, STATS_QUERY, card_key};
 use crate::{APP_ID, APP_NAME};
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use spate_server::api::{IdempotencyKey, JsonObject, command_id, json as json_response};
+use spate_server::api::{IdempotencyKey, JsonObject, json as json_response};
 use spate_server::openapi::AppRouter;
 use spate_server::{ApiError, ApiJson};
 use std::collections::BTreeMap;
@@ -274,10 +274,10 @@ struct Verdict {
 )]
 async fn score(
     State(context): State<Context>,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
     ApiJson(Transactions(body)): ApiJson<Transactions>,
 ) -> Result<Response, ApiError> {
-    let batch_id = command_id(&headers, APP_NAME)?;
+    let batch_id = idempotency_key.command_id(APP_NAME)?;
     let txns = match &body {
         Value::Array(items) => {
             if items.is_empty() || items.len() > TXNS_PER_REQUEST_MAX {
@@ -579,7 +579,7 @@ struct GenerateAnswer {
 )]
 async fn generate(
     State(context): State<Context>,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
     ApiJson(JsonObject(body)): ApiJson<JsonObject<GenerateBody>>,
 ) -> Result<Response, ApiError> {
     let length = body.length.unwrap_or(CASE_STUDY_HISTORY_LEN);
@@ -628,7 +628,7 @@ async fn generate(
             "now_ms must be later than 90 days after the epoch and at most {HISTORY_NOW_MS_MAX}"
         )));
     }
-    let request_id = command_id(&headers, APP_NAME)?;
+    let request_id = idempotency_key.command_id(APP_NAME)?;
     let started = std::time::Instant::now();
     let plan = HistoryPlan {
         seeds: body.seeds.seeds(),

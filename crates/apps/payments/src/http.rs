@@ -18,7 +18,7 @@ use crate::state::{PartitionQuery, PaymentsState};
 use crate::{APP_ID, APP_NAME, reference::Reference};
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -26,7 +26,7 @@ use spate_engine::{EngineHandle, PartitionId};
 use spate_server::ApiError;
 use spate_server::access::{RouteAccess, Scope};
 use spate_server::api::{
-    ErrorBody, command_id, from_json_object, json as json_response, reply_bytes,
+    ErrorBody, IdempotencyKey, from_json_object, json as json_response, reply_bytes,
 };
 use spate_server::openapi::AppRouter;
 use std::collections::{BTreeMap, HashMap};
@@ -136,8 +136,8 @@ fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     })
 }
 
-/// The `Idempotency-Key` header, as the description of the operations that need it; [`require_key`]
-/// reads it.
+/// The `Idempotency-Key` header, as the description of the operations that need it; their handlers
+/// take it as an [`IdempotencyKey`] and [`require_key`] checks it is there.
 #[derive(IntoParams)]
 #[into_params(parameter_in = Header)]
 struct RequiredIdempotencyKey {
@@ -152,8 +152,8 @@ struct RequiredIdempotencyKey {
     idempotency_key: String,
 }
 
-fn require_key(headers: &HeaderMap) -> Result<spate_engine::CommandId, ApiError> {
-    command_id(headers, APP_NAME)?.ok_or_else(|| {
+fn require_key(key: &IdempotencyKey) -> Result<spate_engine::CommandId, ApiError> {
+    key.command_id(APP_NAME)?.ok_or_else(|| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "idempotency_key_required",
@@ -690,10 +690,10 @@ fn authorize_command(
 async fn authorize(
     State(payments): Shared,
     scope: Scope,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let command_id = require_key(&headers)?;
+    let command_id = require_key(&idempotency_key)?;
     let request: AuthorizeRequest = parse_body(&body)?;
     scope.permits(&request.merchant)?;
     let reference = payments.reference.current();
@@ -724,11 +724,11 @@ async fn on_payment<T: DeserializeOwned>(
     payments: &Payments,
     scope: &Scope,
     id: &str,
-    headers: &HeaderMap,
+    idempotency_key: &IdempotencyKey,
     body: &[u8],
     command: impl FnOnce(PaymentId, T) -> Result<Command, ApiError>,
 ) -> Result<Response, ApiError> {
-    let command_id = require_key(headers)?;
+    let command_id = require_key(idempotency_key)?;
     let id = parse_id(id)?;
     let request: T = parse_body(body)?;
     if scope.party().is_some() {
@@ -765,14 +765,14 @@ async fn capture(
     State(payments): Shared,
     scope: Scope,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     on_payment(
         &payments,
         &scope,
         &id,
-        &headers,
+        &idempotency_key,
         &body,
         |payment, r: CaptureRequest| {
             Ok(Command::Capture {
@@ -810,14 +810,14 @@ async fn cancel(
     State(payments): Shared,
     scope: Scope,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     on_payment(
         &payments,
         &scope,
         &id,
-        &headers,
+        &idempotency_key,
         &body,
         |payment, Empty {}| Ok(Command::Cancel { payment }),
     )
@@ -850,14 +850,14 @@ async fn refund(
     State(payments): Shared,
     scope: Scope,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     on_payment(
         &payments,
         &scope,
         &id,
-        &headers,
+        &idempotency_key,
         &body,
         |payment, r: RefundRequest| {
             Ok(Command::Refund {

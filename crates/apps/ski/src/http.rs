@@ -12,14 +12,14 @@ use crate::stats::{ApiStats, Endpoint, EndpointStats};
 use crate::{APP_ID, APP_NAME, Bounds, DAYS, SkiConfig};
 use axum::Json;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use spate_engine::{EngineError, EngineHandle, Reply};
 use spate_server::ApiError;
-use spate_server::api::{IdempotencyKey, command_id, reply_bytes};
+use spate_server::api::{IdempotencyKey, reply_bytes};
 use spate_server::openapi::AppRouter;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -229,10 +229,10 @@ impl Ski {
     async fn submit(
         &self,
         key: &[u8],
-        headers: &HeaderMap,
+        idempotency_key: &IdempotencyKey,
         command: Command,
     ) -> Result<Outcome, SkiError> {
-        let id = command_id(headers, APP_NAME)?;
+        let id = idempotency_key.command_id(APP_NAME)?;
         let partition = self.engine.partition_of(key);
         let reply: Reply = self
             .engine
@@ -344,7 +344,7 @@ const SKIER_ID: &str = "ID of the skier: 1 to 100000 unless the server sets `--s
 async fn post_ride(
     State(ski): Ctx,
     Path((resort, season, day, skier)): Path<(String, String, String, String)>,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
     body: Bytes,
 ) -> Result<Response, SkiError> {
     let config = ski.config;
@@ -364,7 +364,7 @@ async fn post_ride(
         lift,
     };
     match ski
-        .submit(&skier_key(skier), &headers, Command::Ride(ride))
+        .submit(&skier_key(skier), &idempotency_key, Command::Ride(ride))
         .await?
     {
         Outcome::RideRecorded => Ok(StatusCode::CREATED.into_response()),
@@ -520,7 +520,7 @@ enum Year {
 async fn post_season(
     State(ski): Ctx,
     Path(resort): Path<String>,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
     body: Bytes,
 ) -> Result<Response, SkiError> {
     let resort = ski.resort(&resort)?;
@@ -536,7 +536,10 @@ async fn post_season(
         Year::Number(year) => narrow(in_bounds("year", year, ski.config.seasons)?),
     };
     let command = Command::AddSeason { resort, season };
-    match ski.submit(&resort_key(resort), &headers, command).await? {
+    match ski
+        .submit(&resort_key(resort), &idempotency_key, command)
+        .await?
+    {
         // Adding a season twice is not an error: clients retry, and the list is the same afterwards.
         Outcome::SeasonAdded | Outcome::SeasonExisted => Ok(StatusCode::CREATED.into_response()),
         other => Err(unexpected(other)),

@@ -11,13 +11,12 @@ use crate::command::{ACCOUNT_BYTES_MAX, Command, Outcome};
 use crate::state::{Account, TallyState, Totals};
 use crate::{APP_ID, APP_NAME};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use spate_engine::EngineHandle;
 use spate_server::api::{
-    IdempotencyKey, JsonObject, NOT_DOT_SEGMENTS, command_id, json, reachable_in_a_path,
-    reply_bytes,
+    IdempotencyKey, JsonObject, NOT_DOT_SEGMENTS, json, reachable_in_a_path, reply_bytes,
 };
 use spate_server::openapi::AppRouter;
 use spate_server::{ApiError, ApiJson};
@@ -131,10 +130,10 @@ fn check_account(field: &str, name: &str) -> Result<(), ApiError> {
 async fn submit(
     engine: &EngineHandle,
     key: &str,
-    headers: &HeaderMap,
+    idempotency_key: &IdempotencyKey,
     command: Command,
 ) -> Result<Response, ApiError> {
-    let id = command_id(headers, APP_NAME)?;
+    let id = idempotency_key.command_id(APP_NAME)?;
     let partition = engine.partition_of(key.as_bytes());
     let reply = engine
         .submit(partition, APP_ID, id, command.encode())
@@ -175,7 +174,7 @@ async fn submit(
 async fn add_entry(
     State(tally): State<Tally>,
     Path(name): Path<String>,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
     ApiJson(JsonObject(body)): ApiJson<JsonObject<EntryBody>>,
 ) -> Result<Response, ApiError> {
     check_account("account", &name)?;
@@ -184,7 +183,7 @@ async fn add_entry(
         amount: body.amount,
         tag: body.tag,
     };
-    submit(&tally.engine, &name, &headers, command).await
+    submit(&tally.engine, &name, &idempotency_key, command).await
 }
 
 /// Moves an amount from one account to another, if the payer's balance covers it.
@@ -202,7 +201,7 @@ async fn add_entry(
 )]
 async fn transfer(
     State(tally): State<Tally>,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
     ApiJson(JsonObject(body)): ApiJson<JsonObject<TransferBody>>,
 ) -> Result<Response, ApiError> {
     check_account("from", &body.from)?;
@@ -219,7 +218,7 @@ async fn transfer(
         amount: body.amount,
         tag: body.tag,
     };
-    submit(&tally.engine, &body.from, &headers, command).await
+    submit(&tally.engine, &body.from, &idempotency_key, command).await
 }
 
 /// An account's balance and a page of its entries, from the partition that owns it.

@@ -7,12 +7,12 @@ use super::{APP_NAME, DecimalScore, TAG, UPDATES_PER_REQUEST_MAX, enqueue, inter
 use crate::command::{Command, ItemResult, Outcome, UpdateItem};
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use spate_engine::EngineHandle;
 use spate_server::ApiError;
-use spate_server::api::{ErrorBody, IdempotencyKey, command_id, json};
+use spate_server::api::{ErrorBody, IdempotencyKey, json};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use utoipa::ToSchema;
@@ -106,7 +106,7 @@ struct BulkReply<'a> {
 )]
 pub(super) async fn bulk_update_scores(
     State(engine): State<EngineHandle>,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
     bytes: Bytes,
 ) -> Result<Response, ApiError> {
     // One command per board, queued together; results come back in the request's order.
@@ -146,7 +146,7 @@ pub(super) async fn bulk_update_scores(
             position += 1;
         }
     }
-    let request_id = command_id(&headers, APP_NAME)?;
+    let request_id = idempotency_key.command_id(APP_NAME)?;
     let mut queued = Vec::with_capacity(by_board.len());
     for (board, items) in &by_board {
         // Each board's share of a keyed request gets its own id, derived from the key and the board.

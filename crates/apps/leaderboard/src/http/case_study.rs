@@ -11,7 +11,7 @@ use crate::command::Outcome;
 use crate::state::BoardSummary;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use spate_engine::EngineHandle;
@@ -189,7 +189,7 @@ async fn case_study_list_boards(
 async fn case_study_create_board(
     State(engine): State<EngineHandle>,
     Query(query): Query<NameQuery>,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let from_body = if body.is_empty() {
@@ -217,7 +217,7 @@ async fn case_study_create_board(
         ties: TiePolicy::Random,
         operator: Operator::Set,
     };
-    match create(&engine, &headers, &name, config).await? {
+    match create(&engine, &idempotency_key, &name, config).await? {
         Outcome::Created { .. } => Ok(json(
             StatusCode::OK,
             &CaseStudyCreated {
@@ -286,7 +286,7 @@ async fn case_study_get_score(
 /// Applies `operator` with the score of the query or else of the body.
 async fn case_study_update(
     engine: EngineHandle,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
     MemberPath { board, member }: MemberPath,
     query: ScoreQuery,
     body: Bytes,
@@ -301,8 +301,15 @@ async fn case_study_update(
         }
         None => parse_body::<CaseStudyScore>(&body)?.score.0,
     };
-    let (_, score, _) =
-        update_one(&engine, &headers, &board, &member, Some(operator), value).await?;
+    let (_, score, _) = update_one(
+        &engine,
+        &idempotency_key,
+        &board,
+        &member,
+        Some(operator),
+        value,
+    )
+    .await?;
     Ok(case_study_member(&board, &member, Some(score)))
 }
 
@@ -324,10 +331,10 @@ async fn case_study_replace_score(
     State(engine): State<EngineHandle>,
     Path(path): Path<MemberPath>,
     Query(query): Query<ScoreQuery>,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    case_study_update(engine, headers, path, query, body, Operator::Set).await
+    case_study_update(engine, idempotency_key, path, query, body, Operator::Set).await
 }
 
 /// Adds to a member's score (a new member joins the board with it).
@@ -348,10 +355,18 @@ async fn case_study_increment_score(
     State(engine): State<EngineHandle>,
     Path(path): Path<MemberPath>,
     Query(query): Query<ScoreQuery>,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    case_study_update(engine, headers, path, query, body, Operator::Increment).await
+    case_study_update(
+        engine,
+        idempotency_key,
+        path,
+        query,
+        body,
+        Operator::Increment,
+    )
+    .await
 }
 
 pub(super) fn routes() -> AppRouter<EngineHandle> {

@@ -12,7 +12,7 @@ use crate::state::{BOARDS_QUERY, BoardSummary, LeaderboardState};
 use crate::{APP_ID, APP_NAME};
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use parse::{
     Score, check_name, name_param, operator_schema, optional_operator_schema,
@@ -22,7 +22,7 @@ use parse::{
 use serde::{Deserialize, Serialize};
 use spate_engine::{CommandId, EngineHandle, Pending};
 use spate_server::ApiError;
-use spate_server::api::{ErrorBody, ErrorDetail, IdempotencyKey, command_id, json, reply_bytes};
+use spate_server::api::{ErrorBody, ErrorDetail, IdempotencyKey, json, reply_bytes};
 use spate_server::openapi::AppRouter;
 use utoipa::openapi::Required;
 use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn, ParameterStyle};
@@ -337,10 +337,10 @@ async fn outcome(pending: Pending) -> Result<Outcome, ApiError> {
 
 async fn run(
     engine: &EngineHandle,
-    headers: &HeaderMap,
+    idempotency_key: &IdempotencyKey,
     command: Command<'_>,
 ) -> Result<Outcome, ApiError> {
-    let id = command_id(headers, APP_NAME)?;
+    let id = idempotency_key.command_id(APP_NAME)?;
     outcome(enqueue(engine, id, &command)?).await
 }
 
@@ -430,7 +430,7 @@ struct CreateBoardBody {
 /// Creates board `name` (checked here) with `config`, once durable.
 async fn create(
     engine: &EngineHandle,
-    headers: &HeaderMap,
+    idempotency_key: &IdempotencyKey,
     name: &str,
     config: BoardConfig,
 ) -> Result<Outcome, ApiError> {
@@ -442,7 +442,7 @@ async fn create(
     }
     run(
         engine,
-        headers,
+        idempotency_key,
         Command::Create {
             board: name,
             config,
@@ -466,7 +466,7 @@ async fn create(
 )]
 async fn create_board(
     State(engine): State<EngineHandle>,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let body: CreateBoardBody = parse_body(&body)?;
@@ -494,7 +494,7 @@ async fn create_board(
         ties,
         operator,
     };
-    match create(&engine, &headers, &body.name, config).await? {
+    match create(&engine, &idempotency_key, &body.name, config).await? {
         Outcome::Created { .. } => {
             let board = BoardSummary::of(&body.name, &Board::new(config, 0));
             Ok(json(StatusCode::CREATED, &BoardAnswer::of(&board)))
@@ -576,10 +576,15 @@ fn expect_deleted(outcome: Outcome, missing: ApiError) -> Result<Response, ApiEr
 async fn delete_board(
     State(engine): State<EngineHandle>,
     Path(BoardPath { board }): Path<BoardPath>,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
 ) -> Result<Response, ApiError> {
     check_name("board", &board)?;
-    let outcome = run(&engine, &headers, Command::DeleteBoard { board: &board }).await?;
+    let outcome = run(
+        &engine,
+        &idempotency_key,
+        Command::DeleteBoard { board: &board },
+    )
+    .await?;
     expect_deleted(outcome, no_board(&board))
 }
 
@@ -597,10 +602,10 @@ async fn delete_board(
 async fn reset_board(
     State(engine): State<EngineHandle>,
     Path(BoardPath { board }): Path<BoardPath>,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
 ) -> Result<Response, ApiError> {
     check_name("board", &board)?;
-    match run(&engine, &headers, Command::Reset { board: &board }).await? {
+    match run(&engine, &idempotency_key, Command::Reset { board: &board }).await? {
         Outcome::Reset { season } => Ok(json(
             StatusCode::CREATED,
             &ResetAnswer {
@@ -719,7 +724,7 @@ struct SetScoreBody {
 /// Applies one update and answers with the member's new score and rank.
 async fn update_one(
     engine: &EngineHandle,
-    headers: &HeaderMap,
+    idempotency_key: &IdempotencyKey,
     board: &str,
     member: &str,
     operator: Option<Operator>,
@@ -736,7 +741,7 @@ async fn update_one(
             value,
         }],
     };
-    match run(engine, headers, command).await? {
+    match run(engine, idempotency_key, command).await? {
         Outcome::Updated { season, items } => match items.as_slice() {
             [
                 ItemResult::Scored {
@@ -780,15 +785,22 @@ async fn update_one(
 async fn set_member_score(
     State(engine): State<EngineHandle>,
     Path(MemberPath { board, member }): Path<MemberPath>,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let body: SetScoreBody = parse_body(&body)?;
     let operator = (body.operator.as_deref())
         .map(|o| parse_operator("operator", o))
         .transpose()?;
-    let (season, score, rank) =
-        update_one(&engine, &headers, &board, &member, operator, body.score.0).await?;
+    let (season, score, rank) = update_one(
+        &engine,
+        &idempotency_key,
+        &board,
+        &member,
+        operator,
+        body.score.0,
+    )
+    .await?;
     let answer = MemberAnswer {
         board: &board,
         season,
@@ -813,7 +825,7 @@ async fn set_member_score(
 async fn delete_member(
     State(engine): State<EngineHandle>,
     Path(MemberPath { board, member }): Path<MemberPath>,
-    headers: HeaderMap,
+    idempotency_key: IdempotencyKey,
 ) -> Result<Response, ApiError> {
     check_name("board", &board)?;
     check_name("member", &member)?;
@@ -821,7 +833,7 @@ async fn delete_member(
         board: &board,
         member: &member,
     };
-    let outcome = run(&engine, &headers, command).await?;
+    let outcome = run(&engine, &idempotency_key, command).await?;
     let missing = match outcome {
         Outcome::NoSuchBoard => no_board(&board),
         _ => no_member(&member, &board),

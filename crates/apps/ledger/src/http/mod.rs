@@ -24,8 +24,9 @@ use crate::state::{
 use crate::waiters::Waiters;
 use crate::{APP_ID, domain::Owner};
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
 use parse::{
     Base64Url32, CorrelationId, Currency, Decimal, FspName, Money, Prepare, check_currency,
@@ -39,6 +40,7 @@ use spate_server::access::{RouteAccess, Scope};
 use spate_server::api::{ErrorBody, ErrorDetail, json, reply_bytes};
 use spate_server::openapi::AppRouter;
 use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use utoipa::openapi::{Object, ObjectBuilder, Type};
@@ -599,15 +601,15 @@ fn settled(id: TransferId, state: TransferState) -> Result<Response, ApiError> {
 async fn prepare(
     State(ledger): Ctx,
     scope: Scope,
-    headers: HeaderMap,
+    source: FspiopSource,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let body: Prepare = parse_body(&body)?;
     let spec = transfer_spec(&body)?;
     // A participant's key prepares only as the payer, and says so in FSPIOP-Source if it sends one.
     scope.permits(&spec.payer)?;
-    if scope.party().is_some() && headers.contains_key("fspiop-source") {
-        scope.permits(&source_of(&headers)?)?;
+    if scope.party().is_some() && source.0.is_some() {
+        scope.permits(&source.name()?)?;
     }
     let id = spec.id;
     let registration = ledger.waiters.register(1, vec![(0, id)]);
@@ -662,13 +664,29 @@ struct Completion {
     _extension_list: Option<serde::de::IgnoredAny>,
 }
 
-fn source_of(headers: &HeaderMap) -> Result<Name, ApiError> {
-    let source = headers
-        .get("fspiop-source")
-        .and_then(|v| v.to_str().ok())
-        .ok_or_else(|| validation("the FSPIOP-Source header names the FSP making the request"))?;
-    check_name("FSPIOP-Source", source)?;
-    Ok(source.into())
+/// The `FSPIOP-Source` header, taken alone: a `HeaderMap` extractor would copy all the request's
+/// headers (two allocations per request).
+struct FspiopSource(Option<HeaderValue>);
+
+impl<S: Send + Sync> FromRequestParts<S> for FspiopSource {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Infallible> {
+        Ok(Self(parts.headers.get("fspiop-source").cloned()))
+    }
+}
+
+impl FspiopSource {
+    /// The FSP making the request; an error if the header is missing or not a valid name.
+    fn name(&self) -> Result<Name, ApiError> {
+        let source = (self.0.as_ref())
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| {
+                validation("the FSPIOP-Source header names the FSP making the request")
+            })?;
+        check_name("FSPIOP-Source", source)?;
+        Ok(source.into())
+    }
 }
 
 /// The description of the `{id}` path value.
@@ -701,12 +719,12 @@ async fn complete(
     State(ledger): Ctx,
     scope: Scope,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    source: FspiopSource,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let body: Completion = parse_body(&body)?;
     let id = parse_transfer_id(&id)?;
-    let source = source_of(&headers)?;
+    let source = source.name()?;
     scope.permits(&source)?;
     if let Some(at) = &body.completed_timestamp {
         parse_time_ms("completedTimestamp", at)?;
@@ -780,12 +798,12 @@ async fn error_callback(
     State(ledger): Ctx,
     scope: Scope,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    source: FspiopSource,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let ErrorReport { .. } = parse_body(&body)?;
     let id = parse_transfer_id(&id)?;
-    let source = source_of(&headers)?;
+    let source = source.name()?;
     scope.permits(&source)?;
     finish(&ledger, id, Command::Reject { id, source }).await
 }
