@@ -7,7 +7,8 @@
 # group commits' mean size.
 # `server health` as APP SCENARIO serves tally and drives GET /health: the HTTP stack without the engine.
 # RATE=R runs the load in open loop at R requests/s over the same connections (prints p99 too);
-# PARTITIONS=N serves N partitions instead of one.
+# PARTITIONS=N serves N partitions instead of one; LOAD_BINARY=B runs the load with another build of
+# spate than the server's (to A/B the load generator against one server).
 # Usage: scripts/cpu-by-thread.sh BINARY APP SCENARIO [CONNECTIONS=64] [SECONDS=6] [SERVE OPTIONS...]
 set -euo pipefail
 binary=$1 app=$2 scenario=$3 connections=${4:-64} seconds=${5:-6}
@@ -32,7 +33,7 @@ by_thread() {
 by_thread >"$work/before"
 process_before=$(awk '{print $14 + $15}' /proc/"$server_PID"/stat)
 TIMEFORMAT='%3U %3S'
-{ time "$binary" load "$app" "$scenario" --target "$base" --connections "$connections" --duration-s "$seconds" \
+{ time "${LOAD_BINARY:-$binary}" load "$app" "$scenario" --target "$base" --connections "$connections" --duration-s "$seconds" \
     --warmup-s 0 ${RATE:+--rate "$RATE"} --out "$work" >"$work/load" 2>&1; } 2>"$work/load-cpu"
 by_thread >"$work/after"
 requests=$(grep -o '"ok": *[0-9]*' "$work/$app-$scenario.json" | head -1 | grep -o '[0-9]*$')

@@ -8,24 +8,22 @@
 //! non-2xx replies are counted by kind.
 
 mod chart;
+mod http;
 mod report;
 mod resp;
 
+pub use ::http::Method;
 pub use chart::{Series, write_series_svg, write_svg};
-pub use hyper::Method;
 pub use report::{LatencySummary, Report, SecondPoint};
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
+use http::{ExchangeError, HttpConnection};
 use resp::{PipelineReply, RedisConnection};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 /// Latencies above this are recorded as this (they are also timeouts unless the timeout is larger).
@@ -45,7 +43,7 @@ const SCHEDULED_REQUESTS_MAX: usize = 1 << 16;
 /// One HTTP request of a scenario.
 #[derive(Debug, Clone)]
 pub struct HttpRequest {
-    pub method: hyper::Method,
+    pub method: Method,
     pub path: String,
     pub body: Bytes,
     pub headers: Vec<(&'static str, String)>,
@@ -63,19 +61,19 @@ pub enum Request {
 
 impl Request {
     pub fn get(path: impl Into<String>) -> Self {
-        Self::http(hyper::Method::GET, path, Bytes::new())
+        Self::http(Method::GET, path, Bytes::new())
     }
 
     pub fn post_json(path: impl Into<String>, body: Vec<u8>) -> Self {
-        Self::json(hyper::Method::POST, path, body)
+        Self::json(Method::POST, path, body)
     }
 
     /// A request with a JSON body and any method.
-    pub fn json(method: hyper::Method, path: impl Into<String>, body: Vec<u8>) -> Self {
+    pub fn json(method: Method, path: impl Into<String>, body: Vec<u8>) -> Self {
         Self::http(method, path, body.into()).with_header("content-type", "application/json")
     }
 
-    fn http(method: hyper::Method, path: impl Into<String>, body: Bytes) -> Self {
+    fn http(method: Method, path: impl Into<String>, body: Bytes) -> Self {
         Self::Http(HttpRequest {
             method,
             path: path.into(),
@@ -132,13 +130,15 @@ pub struct LoadConfig {
 }
 
 /// How one request ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Outcome {
     Ok,
     Status(u16),
     Timeout,
     Connect,
     Io,
+    /// A reply that is not HTTP/1.1 as the load generator reads it.
+    BadReply,
     /// A Redis command answered with an error reply.
     RedisError,
 }
@@ -151,6 +151,7 @@ impl Outcome {
             Self::Timeout => "timeout".into(),
             Self::Connect => "connect".into(),
             Self::Io => "io".into(),
+            Self::BadReply => "bad_reply".into(),
             Self::RedisError => "redis_error".into(),
         }
     }
@@ -304,15 +305,6 @@ fn spawn_progress(shared: &Arc<Shared>) -> Option<indicatif::ProgressBar> {
     Some(bar)
 }
 
-type Connection = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
-
-/// A keep-alive HTTP connection driven by the worker's own task (no hand-off to a connection task), so
-/// a reply is timed when the worker reads it.
-struct HttpConnection {
-    requests: http1::SendRequest<Full<Bytes>>,
-    connection: std::pin::Pin<Box<Connection>>,
-}
-
 /// A worker's connection, of the kind its scenario's requests need.
 enum Link {
     Http(HttpConnection),
@@ -322,7 +314,7 @@ enum Link {
 impl Link {
     fn is_closed(&self) -> bool {
         match self {
-            Self::Http(http) => http.requests.is_closed(),
+            Self::Http(http) => http.is_closed(),
             Self::Redis(_) => false,
         }
     }
@@ -334,33 +326,25 @@ impl Link {
                 .map(Self::Redis)
                 .map_err(|_| Outcome::Connect);
         }
-        let stream = TcpStream::connect(target)
+        HttpConnection::connect(target)
             .await
-            .map_err(|_| Outcome::Connect)?;
-        stream.set_nodelay(true).ok();
-        let (requests, connection) = http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|_| Outcome::Connect)?;
-        Ok(Self::Http(HttpConnection {
-            requests,
-            connection: Box::pin(connection),
-        }))
+            .map(Self::Http)
+            .map_err(|_| Outcome::Connect)
     }
 
     /// Sends `request` and reads the whole reply.
     async fn send(&mut self, target: &str, request: &Request) -> Outcome {
         match (self, request) {
             (Self::Http(http), Request::Http(request)) => {
-                let HttpConnection {
-                    requests,
-                    connection,
-                } = http;
-                let exchange = exchange(requests, target, request);
-                tokio::pin!(exchange);
-                tokio::select! {
-                    outcome = &mut exchange => outcome,
-                    // The connection future ends only when the connection does.
-                    _ = connection.as_mut() => Outcome::Io,
+                match http.exchange(target, request).await {
+                    Ok(status)
+                        if (200..300).contains(&status) || request.also_ok.contains(&status) =>
+                    {
+                        Outcome::Ok
+                    }
+                    Ok(status) => Outcome::Status(status),
+                    Err(ExchangeError::Malformed) => Outcome::BadReply,
+                    Err(_) => Outcome::Io,
                 }
             }
             (Self::Redis(redis), Request::Redis(commands)) => {
@@ -372,38 +356,6 @@ impl Link {
             }
             _ => panic!("a scenario must not mix HTTP and Redis requests"),
         }
-    }
-}
-
-async fn exchange(
-    sender: &mut http1::SendRequest<Full<Bytes>>,
-    target: &str,
-    request: &HttpRequest,
-) -> Outcome {
-    let mut builder = hyper::Request::builder()
-        .method(request.method.clone())
-        .uri(&request.path)
-        .header("host", target);
-    for (name, value) in &request.headers {
-        builder = builder.header(*name, value);
-    }
-    let Ok(http_request) = builder.body(Full::new(request.body.clone())) else {
-        return Outcome::Io;
-    };
-    match sender.send_request(http_request).await {
-        Ok(response) => {
-            let status = response.status();
-            // The body is read in full: a reply is complete only when its last byte arrived.
-            if response.into_body().collect().await.is_err() {
-                return Outcome::Io;
-            }
-            if status.is_success() || request.also_ok.contains(&status.as_u16()) {
-                Outcome::Ok
-            } else {
-                Outcome::Status(status.as_u16())
-            }
-        }
-        Err(_) => Outcome::Io,
     }
 }
 
@@ -458,6 +410,8 @@ async fn run_worker(
         errors: 0,
         latencies: new_histogram(2),
     };
+    // Counted by kind and labelled once at the end, not a label's allocation per request.
+    let mut outcomes: BTreeMap<Outcome, u64> = BTreeMap::new();
     let mut link: Option<Link> = None;
     let mut seq = 0u64;
     loop {
@@ -505,7 +459,7 @@ async fn run_worker(
             .latencies
             .record(latency_us)
             .expect("clamped to bounds");
-        *result.outcomes.entry(outcome.label()).or_default() += 1;
+        *outcomes.entry(outcome).or_default() += 1;
         let second = (done - shared.measure_from).as_secs();
         if second != slice.second && (slice.ok + slice.errors) > 0 {
             let full = std::mem::replace(
@@ -533,5 +487,9 @@ async fn run_worker(
     if slice.ok + slice.errors > 0 {
         let _ = seconds.send(slice);
     }
+    result.outcomes = outcomes
+        .into_iter()
+        .map(|(outcome, count)| (outcome.label(), count))
+        .collect();
     result
 }
