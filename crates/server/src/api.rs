@@ -268,7 +268,8 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
             .await
             .map_err(|rejection| json_rejection(rejection.into()))?;
         // Parsed without tracking where it is first: axum's parse records every key it passes (an
-        // allocation each), which only the message of an error needs; the same bytes go through it then.
+        // allocation each), which only the message of an error needs; the same bytes go through it then
+        // (a refused body is parsed twice, at most `REQUEST_BYTES_MAX` of it).
         if let Ok(value) = serde_json::from_slice(&bytes) {
             return Ok(Self(value));
         }
@@ -280,7 +281,8 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
 }
 
 /// `Content-Type: application/json` as clients send it (alone, or with UTF-8 named): a subset of what
-/// axum's `Json` takes for JSON, which parses any media type and also takes `application/*+json`.
+/// axum's `Json` takes for JSON, which accepts any parameters (any charset) and also
+/// `application/*+json`.
 fn says_plain_json(headers: &axum::http::HeaderMap) -> bool {
     let Some(value) = headers.get(header::CONTENT_TYPE) else {
         return false;
@@ -328,9 +330,6 @@ pub const NOT_DOT_SEGMENTS: &str = "and not '.' or '..' (a URL path cannot name 
 /// Longest accepted `Idempotency-Key`.
 pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
 
-/// Longest app name a command id is scoped with (see [`IdempotencyKey::command_id`]).
-const APP_NAME_BYTES_MAX: usize = 32;
-
 /// The `Idempotency-Key` header: the description of an operation that honours it
 /// (`params(IdempotencyKey)`) and the extractor its handler reads it with. It takes that one header,
 /// where a `HeaderMap` extractor would copy them all (two allocations per request).
@@ -365,17 +364,13 @@ impl IdempotencyKey {
                 "Idempotency-Key must be 1 to {IDEMPOTENCY_KEY_BYTES_MAX} bytes"
             )));
         }
-        assert!(
-            app.len() <= APP_NAME_BYTES_MAX,
-            "app name {app:?} is too long"
-        );
-        // `app`, a zero byte, then the key: hashed from the stack (ids are kept in journals and
-        // snapshots, so these bytes never change).
-        let mut scoped = [0u8; APP_NAME_BYTES_MAX + 1 + IDEMPOTENCY_KEY_BYTES_MAX];
-        let scoped_len = app.len() + 1 + key.len();
-        scoped[..app.len()].copy_from_slice(app.as_bytes());
-        scoped[app.len() + 1..scoped_len].copy_from_slice(key);
-        Ok(Some(xxhash_rust::xxh3::xxh3_128(&scoped[..scoped_len])))
+        // The hash of `app`, a zero byte, then the key, fed in pieces rather than copied together (ids
+        // are kept in journals and snapshots, so these bytes never change).
+        let mut scoped = xxhash_rust::xxh3::Xxh3Default::new();
+        scoped.update(app.as_bytes());
+        scoped.update(&[0]);
+        scoped.update(key);
+        Ok(Some(scoped.digest128()))
     }
 }
 
@@ -476,6 +471,8 @@ mod tests {
         for content_type in [
             "application/json",
             "Application/JSON; charset=UTF-8",
+            "application/json;charset=utf-8",
+            "application/json; charset=latin1",
             "application/problem+json",
         ] {
             assert_eq!(
@@ -497,13 +494,15 @@ mod tests {
                 "{}",
                 refused.message
             );
-            let malformed = parse(content_type, r#"{"amount": 5"#).await.unwrap_err();
-            assert_eq!(malformed.status, StatusCode::BAD_REQUEST, "{content_type}");
-            assert!(
-                malformed.message.starts_with("malformed JSON"),
-                "{}",
-                malformed.message
-            );
+            for malformed in [r#"{"amount": 5"#, r#"{"amount": 5}x"#] {
+                let malformed = parse(content_type, malformed).await.unwrap_err();
+                assert_eq!(malformed.status, StatusCode::BAD_REQUEST, "{content_type}");
+                assert!(
+                    malformed.message.starts_with("malformed JSON"),
+                    "{}",
+                    malformed.message
+                );
+            }
         }
         let not_json = parse("text/plain", r#"{"amount": 5}"#).await.unwrap_err();
         assert_eq!(not_json.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
@@ -515,17 +514,21 @@ mod tests {
             idempotency_key: None,
         };
         assert_eq!(none.command_id("tally").unwrap(), None);
-        let too_long = HeaderValue::from_str(&"k".repeat(IDEMPOTENCY_KEY_BYTES_MAX + 1)).unwrap();
-        let refused = IdempotencyKey {
-            idempotency_key: Some(too_long),
+        for refused in [
+            HeaderValue::from_str(&"k".repeat(IDEMPOTENCY_KEY_BYTES_MAX + 1)).unwrap(),
+            HeaderValue::from_static(""),
+        ] {
+            let refused = IdempotencyKey {
+                idempotency_key: Some(refused),
+            }
+            .command_id("tally")
+            .unwrap_err();
+            assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+            assert!(
+                refused.message.contains("Idempotency-Key"),
+                "{}",
+                refused.message
+            );
         }
-        .command_id("tally")
-        .unwrap_err();
-        assert_eq!(refused.status, StatusCode::BAD_REQUEST);
-        assert!(
-            refused.message.contains("Idempotency-Key"),
-            "{}",
-            refused.message
-        );
     }
 }
