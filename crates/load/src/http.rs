@@ -114,9 +114,16 @@ impl HttpConnection {
                 }
             }
             // An interim reply (100 Continue) precedes the final one.
-            if !(100..200).contains(&head.status) {
-                return Ok(head.status);
+            if (100..200).contains(&head.status) {
+                continue;
             }
+            // Nothing was asked after this request: bytes beyond its reply are a server's error,
+            // which would otherwise pass for the next request's reply.
+            if self.start != self.end {
+                self.closed = true;
+                return Err(ExchangeError::Malformed);
+            }
+            return Ok(head.status);
         }
     }
 
@@ -176,7 +183,12 @@ impl HttpConnection {
     async fn skip_chunks(&mut self) -> Result<(), ExchangeError> {
         loop {
             let (size_line_bytes, size) = loop {
-                match httparse::parse_chunk_size(&self.read[self.start..self.end]) {
+                let unread = &self.read[self.start..self.end];
+                // `parse_chunk_size` takes a line without digits for a size of 0.
+                if unread.first().is_some_and(|byte| !byte.is_ascii_hexdigit()) {
+                    return Err(ExchangeError::Malformed);
+                }
+                match httparse::parse_chunk_size(unread) {
                     Ok(httparse::Status::Complete(parsed)) => break parsed,
                     Ok(httparse::Status::Partial) => {}
                     Err(httparse::InvalidChunkSize) => {
@@ -249,15 +261,23 @@ impl HttpConnection {
 
 /// Writes `request` as HTTP/1.1 into `out`, replacing what it held.
 fn encode(out: &mut Vec<u8>, host: &str, request: &HttpRequest) -> Result<(), ExchangeError> {
+    // A path of visible ASCII; header names that are tokens and not the two written here; values
+    // without control characters but tab.
     let path_is_sendable =
-        !request.path.is_empty() && request.path.bytes().all(|byte| byte > b' ' && byte != 0x7f);
-    let header_is_sendable = |text: &str| !text.bytes().any(|byte| matches!(byte, b'\r' | b'\n'));
+        !request.path.is_empty() && request.path.bytes().all(|byte| byte.is_ascii_graphic());
+    let value_is_sendable =
+        |text: &str| (text.bytes()).all(|byte| byte == b'\t' || !byte.is_ascii_control());
+    let name_is_sendable = |name: &str| {
+        !name.is_empty()
+            && (name.bytes())
+                .all(|byte| byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte))
+            && !name.eq_ignore_ascii_case("host")
+            && !name.eq_ignore_ascii_case("content-length")
+    };
     if !path_is_sendable
-        || !header_is_sendable(host)
-        || !request
-            .headers
-            .iter()
-            .all(|(name, value)| header_is_sendable(name) && header_is_sendable(value))
+        || !value_is_sendable(host)
+        || !(request.headers.iter())
+            .all(|(name, value)| name_is_sendable(name) && value_is_sendable(value))
     {
         return Err(ExchangeError::Unsendable);
     }
@@ -296,6 +316,9 @@ fn parse_head(unread: &[u8], head_request: bool) -> Result<Option<Head>, Exchang
         Err(_) => return Err(ExchangeError::Malformed),
     };
     let status = reply.code.expect("a complete head has a status");
+    if status < 100 {
+        return Err(ExchangeError::Malformed);
+    }
     let mut length: Option<u64> = None;
     let mut chunked = false;
     let mut transfer_coded = false;
@@ -303,20 +326,22 @@ fn parse_head(unread: &[u8], head_request: bool) -> Result<Option<Head>, Exchang
     for header in reply.headers.iter() {
         let value = std::str::from_utf8(header.value).map_err(|_| ExchangeError::Malformed);
         if header.name.eq_ignore_ascii_case("content-length") {
-            let parsed = value?
-                .trim()
-                .parse::<u64>()
-                .map_err(|_| ExchangeError::Malformed)?;
+            // Digits only: `u64::from_str` would also take a leading `+`.
+            let digits = value?.trim_matches([' ', '\t']);
+            if digits.is_empty() || !digits.bytes().all(|byte| byte.is_ascii_digit()) {
+                return Err(ExchangeError::Malformed);
+            }
+            let parsed = (digits.parse::<u64>()).map_err(|_| ExchangeError::Malformed)?;
             if length.is_some_and(|earlier| earlier != parsed) {
                 return Err(ExchangeError::Malformed);
             }
             length = Some(parsed);
         } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
             transfer_coded = true;
-            chunked = value?
-                .rsplit(',')
-                .next()
-                .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+            chunked = (value?.rsplit(','))
+                .map(str::trim)
+                .find(|coding| !coding.is_empty())
+                .is_some_and(|last| last.eq_ignore_ascii_case("chunked"));
         } else if header.name.eq_ignore_ascii_case("connection") {
             for token in value?.split(',').map(str::trim) {
                 if token.eq_ignore_ascii_case("close") {
@@ -326,6 +351,10 @@ fn parse_head(unread: &[u8], head_request: bool) -> Result<Option<Head>, Exchang
                 }
             }
         }
+    }
+    // RFC 9112 section 6.1: a transfer coding in an HTTP/1.0 message is faulty framing.
+    if transfer_coded && reply.version == Some(0) {
+        return Err(ExchangeError::Malformed);
     }
     let framing = if head_request || (100..200).contains(&status) || matches!(status, 204 | 304) {
         Framing::None
@@ -398,12 +427,34 @@ mod tests {
                 Err(ExchangeError::Unsendable)
             ));
         }
-        let mut split = request(http::Method::GET, "/", b"");
-        split.headers.push(("x", "a\r\nb: c".into()));
-        assert!(matches!(
-            encode(&mut out, "h", &split),
-            Err(ExchangeError::Unsendable)
-        ));
+        for path in ["/caf\u{e9}", "/\t"] {
+            assert!(matches!(
+                encode(&mut out, "h", &request(http::Method::GET, path, b"")),
+                Err(ExchangeError::Unsendable)
+            ));
+        }
+        for (name, value) in [
+            ("x", "a\r\nb: c"),
+            ("x", "a\0b"),
+            ("x y", "1"),
+            ("x:", "1"),
+            ("", "1"),
+            ("Host", "elsewhere"),
+            ("content-length", "5"),
+        ] {
+            let mut refused = request(http::Method::GET, "/", b"");
+            refused.headers.push((name, value.into()));
+            assert!(
+                matches!(
+                    encode(&mut out, "h", &refused),
+                    Err(ExchangeError::Unsendable)
+                ),
+                "{name:?}: {value:?}"
+            );
+        }
+        let mut tabbed = request(http::Method::GET, "/", b"");
+        tabbed.headers.push(("x-tab", "a\tb".into()));
+        assert!(encode(&mut out, "h", &tabbed).is_ok());
     }
 
     #[test]
@@ -459,9 +510,20 @@ mod tests {
             ),
             Some((200, Framing::Length(1), false))
         );
+        assert_eq!(
+            framing(
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked,\r\n\r\n",
+                false
+            ),
+            Some((200, Framing::Chunked, false))
+        );
         for bad in [
             "HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
             "HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: +1\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: \r\n\r\n",
+            "HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+            "HTTP/1.1 099 Early\r\n\r\n",
             "HTTP/1.1 2000 OK\r\n\r\n",
             "SPDY 200 OK\r\n\r\n",
         ] {
@@ -517,6 +579,25 @@ mod tests {
             .into_bytes()
             .into_boxed_slice(),
         );
+        // A head larger than the read buffer, after an interim reply already consumed from it: the
+        // unread bytes move to the front, then the buffer grows.
+        let long_value = "v".repeat(READ_BYTES);
+        let long_head_start: &'static [u8] = Box::leak(
+            format!(
+                "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 202 Accepted\r\nx-long: {}",
+                &long_value[..READ_BYTES / 2]
+            )
+            .into_bytes()
+            .into_boxed_slice(),
+        );
+        let long_head_end: &'static [u8] = Box::leak(
+            format!(
+                "{}\r\ncontent-length: 0\r\n\r\n",
+                &long_value[READ_BYTES / 2..]
+            )
+            .into_bytes()
+            .into_boxed_slice(),
+        );
         let target = serve(vec![
             vec![b"HTTP/1.1 201 Created\r\ncontent-", b"length: 4\r\n\r\nab", b"cd"],
             vec![
@@ -527,18 +608,22 @@ mod tests {
                 b"\r\n",
             ],
             vec![big_head, big_body],
+            vec![long_head_start, long_head_end],
             vec![b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"],
         ])
         .await;
         let mut connection = HttpConnection::connect(&target).await.unwrap();
         let post = request(http::Method::POST, "/a", b"{\"a\":1}");
         let mut statuses = Vec::new();
-        for _ in 0..4 {
-            statuses.push(connection.exchange(&target, &post).await.unwrap());
+        for _ in 0..5 {
+            // A framing error may wait for bytes that never come: fail instead of hanging.
+            let exchange = connection.exchange(&target, &post);
+            let status = tokio::time::timeout(std::time::Duration::from_secs(5), exchange).await;
+            statuses.push(status.expect("the reply in time").unwrap());
             assert!(!connection.is_closed());
             assert_eq!(connection.start, connection.end, "nothing left over");
         }
-        assert_eq!(statuses, [201, 200, 200, 404]);
+        assert_eq!(statuses, [201, 200, 200, 202, 404]);
     }
 
     #[tokio::test]
@@ -555,15 +640,25 @@ mod tests {
         ));
         assert!(connection.is_closed());
 
-        let target = serve(vec![vec![
-            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabcX\r\n",
-        ]])
-        .await;
-        let mut connection = HttpConnection::connect(&target).await.unwrap();
-        assert!(matches!(
-            connection.exchange(&target, &get).await,
-            Err(ExchangeError::Malformed)
-        ));
+        for malformed in [
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabcX\r\n".as_slice(),
+            // A chunk's data not followed by CRLF, and a size line without digits.
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\r\n",
+            // More than the reply: it would pass for the next request's.
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nabcd",
+        ] {
+            let target = serve(vec![vec![malformed]]).await;
+            let mut connection = HttpConnection::connect(&target).await.unwrap();
+            assert!(
+                matches!(
+                    connection.exchange(&target, &get).await,
+                    Err(ExchangeError::Malformed)
+                ),
+                "{}",
+                String::from_utf8_lossy(malformed)
+            );
+        }
 
         let target = serve(vec![vec![b"HTTP/1.1 200 OK\r\n\r\nuntil the end"]]).await;
         let mut connection = HttpConnection::connect(&target).await.unwrap();
