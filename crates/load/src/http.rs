@@ -459,64 +459,65 @@ mod tests {
 
     #[test]
     fn a_head_is_framed_by_its_headers() {
-        let framing = |head: &str, head_request: bool| {
-            parse_head(head.as_bytes(), head_request)
-                .unwrap()
-                .map(|head| (head.status, head.framing, head.closes))
-        };
-        assert_eq!(
-            framing("HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n", false),
-            Some((200, Framing::Length(12), false))
-        );
-        assert_eq!(framing("HTTP/1.1 200 OK\r\nContent-Len", false), None);
-        assert_eq!(
-            framing(
+        // (head, a reply to HEAD, then status, framing and whether the connection closes after it)
+        let cases = [
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n",
+                false,
+                Some((200, Framing::Length(12), false)),
+            ),
+            ("HTTP/1.1 200 OK\r\nContent-Len", false, None),
+            (
                 "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, Chunked\r\ncontent-length: 5\r\n\r\n",
-                false
+                false,
+                Some((200, Framing::Chunked, false)),
             ),
-            Some((200, Framing::Chunked, false))
-        );
-        assert_eq!(
-            framing("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n", false),
-            Some((200, Framing::UntilClose, true))
-        );
-        assert_eq!(
-            framing("HTTP/1.1 200 OK\r\n\r\n", false),
-            Some((200, Framing::UntilClose, true))
-        );
-        assert_eq!(
-            framing("HTTP/1.1 204 No Content\r\n\r\n", false),
-            Some((204, Framing::None, false))
-        );
-        assert_eq!(
-            framing("HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n", true),
-            Some((200, Framing::None, false))
-        );
-        assert_eq!(
-            framing(
-                "HTTP/1.1 503 Busy\r\nConnection: close\r\ncontent-length: 0\r\n\r\n",
-                false
-            ),
-            Some((503, Framing::None, true))
-        );
-        assert_eq!(
-            framing("HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n", false),
-            Some((200, Framing::Length(1), true))
-        );
-        assert_eq!(
-            framing(
-                "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\n",
-                false
-            ),
-            Some((200, Framing::Length(1), false))
-        );
-        assert_eq!(
-            framing(
+            (
                 "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked,\r\n\r\n",
-                false
+                false,
+                Some((200, Framing::Chunked, false)),
             ),
-            Some((200, Framing::Chunked, false))
-        );
+            (
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+                false,
+                Some((200, Framing::UntilClose, true)),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\n\r\n",
+                false,
+                Some((200, Framing::UntilClose, true)),
+            ),
+            (
+                "HTTP/1.1 204 No Content\r\n\r\n",
+                false,
+                Some((204, Framing::None, false)),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n",
+                true,
+                Some((200, Framing::None, false)),
+            ),
+            (
+                "HTTP/1.1 503 Busy\r\nConnection: close\r\ncontent-length: 0\r\n\r\n",
+                false,
+                Some((503, Framing::None, true)),
+            ),
+            (
+                "HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n",
+                false,
+                Some((200, Framing::Length(1), true)),
+            ),
+            (
+                "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\n",
+                false,
+                Some((200, Framing::Length(1), false)),
+            ),
+        ];
+        for (head, head_request, expected) in cases {
+            let parsed = parse_head(head.as_bytes(), head_request).unwrap();
+            let framed = parsed.map(|head| (head.status, head.framing, head.closes));
+            assert_eq!(framed, expected, "{head:?}");
+        }
         for bad in [
             "HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
             "HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
