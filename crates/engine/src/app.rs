@@ -153,11 +153,19 @@ pub trait Projection: Send + Sync {
         timestamp_ms: u64,
         event: &[u8],
     ) -> io::Result<()>;
-    /// Called after each run of events the projection was handed (a group commit's, what a replay read)
+    /// Called after each run of events the projection was handed (the group commits of one pass over
+    /// its feed, what a replay read)
     /// and before every checkpoint: a read model that writes its events in batches writes them here.
     fn flush(&mut self) {}
     /// Writes the read model as of the last [`Self::flush`].
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()>;
+    /// True if client requests wait for this read model to apply their events (the ledger's prepares
+    /// that are answered once the model settles them): it then passes over its feed as each group
+    /// commit comes. Others gather what comes within `EngineConfig::projection_pass_interval` into one
+    /// pass and one [`Self::flush`].
+    fn requests_wait(&self) -> bool {
+        false
+    }
     /// Replaces the read model with a snapshot written by `write_snapshot`, which covered each
     /// partition's records below `positions` (indexed by partition).
     fn restore(&mut self, input: &mut dyn io::Read, positions: &[Lsn]) -> io::Result<()>;

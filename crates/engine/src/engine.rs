@@ -60,6 +60,9 @@ pub struct EngineConfig {
     pub projection_checkpoint_interval_bytes: u64,
     /// Group commits queued for a projection; a projection further behind reads the journal instead.
     pub projection_feed_batches_max: usize,
+    /// The least time between two passes of a read model over its feed (see `projection.rs`): a read
+    /// model lags the journal by up to this much more, and wakes up and flushes at most this often.
+    pub projection_pass_interval: Duration,
     /// Memory for the archive store's block cache, all partitions together (the archive's records not
     /// yet stored are extra, and few).
     pub archive_cache_bytes: u64,
@@ -100,6 +103,10 @@ impl EngineConfig {
             projection_checkpoint_interval_records: 1_000_000,
             projection_checkpoint_interval_bytes: 256 << 20,
             projection_feed_batches_max: 1024,
+            // Below the peak, 1 ms took a read model's wake-ups from one per group commit to about
+            // 1,000/s and its CPU per request from 3.7-8.6 to 0.7-5.1 µs (BENCHMARKS.md, "Read models
+            // that pass over their feed at most once a millisecond").
+            projection_pass_interval: Duration::from_millis(1),
             archive_cache_bytes: 256 << 20,
             // fjall's default.
             archive_memtable_bytes: 64 << 20,
@@ -430,6 +437,7 @@ impl Engine {
                     partition_count,
                     config.projection_checkpoint_interval_records,
                     config.projection_checkpoint_interval_bytes,
+                    config.projection_pass_interval,
                     metrics.projection_lag(spec.name),
                     metrics.projection_journal_reads(spec.name),
                     shared.clone(),

@@ -23,9 +23,10 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// How often an idle projection moves past other apps' records (see `pass_other_apps`).
-const IDLE_PASS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
+const IDLE_PASS_INTERVAL: Duration = Duration::from_millis(20);
 
 /// See `checkpoint_due`.
 const PASSED_CHECKPOINT_FACTOR: u64 = 8;
@@ -56,6 +57,10 @@ pub(crate) struct ProjectionRuntime {
     /// Bytes of the newest checkpoint (0 if none): the smaller the read model, the sooner the next
     /// one falls due, and the less a restart catches up (`snapshot::journal_bytes_between`).
     checkpoint_bytes: u64,
+    /// The least time between two passes of this read model that a group commit started: one that
+    /// comes sooner waits for the rest of it, and the group commits of the interval are applied and
+    /// flushed together. Zero if requests wait for the model (`Projection::requests_wait`).
+    pass_interval: Duration,
     lag: Gauge,
     journal_reads: Counter,
     partitions: Vec<Arc<PartitionShared>>,
@@ -73,6 +78,7 @@ impl ProjectionRuntime {
         partition_count: u16,
         checkpoint_interval_records: u64,
         checkpoint_interval_bytes: u64,
+        pass_interval: Duration,
         lag: Gauge,
         journal_reads: Counter,
         partitions: Vec<Arc<PartitionShared>>,
@@ -101,9 +107,15 @@ impl ProjectionRuntime {
                 StartError::Unrecoverable(format!("projection checkpoint {}: {e}", path.display()))
             })?;
         }
+        let pass_interval = if projection.requests_wait() {
+            Duration::ZERO
+        } else {
+            pass_interval
+        };
         Ok(Self {
             app,
             name,
+            pass_interval,
             projection,
             floors: positions
                 .iter()
@@ -294,9 +306,21 @@ impl ProjectionRuntime {
 
     pub fn run(mut self, feeds: Receiver<Feed>) {
         let _marks_a_panic = MarkStoppedOnPanic(self.stopped.clone());
+        let mut last_fed_pass: Option<Instant> = None;
         loop {
             match feeds.recv_timeout(IDLE_PASS_INTERVAL) {
-                Ok(feed) => self.apply_feed(&feed),
+                Ok(feed) => {
+                    self.apply_feed(&feed);
+                    // Below the peak every group commit is small and would be a wake-up and a flush
+                    // of its own; what comes meanwhile is drained below, in the same pass.
+                    if let Some(rest) = last_fed_pass
+                        .and_then(|at| self.pass_interval.checked_sub(at.elapsed()))
+                        .filter(|rest| !rest.is_zero())
+                    {
+                        std::thread::sleep(rest);
+                    }
+                    last_fed_pass = Some(Instant::now());
+                }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
             }

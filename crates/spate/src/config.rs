@@ -137,6 +137,12 @@ pub struct ServeArgs {
     /// [default: 1024]
     #[arg(long, env = "SPATE_PROJECTION_FEED_BATCHES")]
     projection_feed_batches: Option<usize>,
+    /// Microseconds between two passes of a read model over its feed at least: the group commits of
+    /// that time are applied and written together, for fewer wake-ups below the peak, and the model
+    /// lags by up to that much more (the ledger's, which requests wait for, passes at once; 0: every
+    /// read model passes at once) [default: 1000]
+    #[arg(long, env = "SPATE_PROJECTION_PASS_INTERVAL_US")]
+    projection_pass_interval_us: Option<u64>,
     /// Requests waiting per partition before 503 [default: 16384]
     #[arg(long, env = "SPATE_QUEUE_CAPACITY")]
     queue_capacity: Option<usize>,
@@ -387,6 +393,7 @@ impl ServeArgs {
                 projection_checkpoint_interval_records,
                 projection_checkpoint_interval_bytes,
                 projection_feed_batches,
+                projection_pass_interval_us,
                 queue_capacity,
                 idempotency_window_ms,
                 idempotency_entries_max,
@@ -562,6 +569,9 @@ impl ServeArgs {
         }
         if let Some(batches) = self.projection_feed_batches {
             engine.projection_feed_batches_max = batches.max(1);
+        }
+        if let Some(us) = self.projection_pass_interval_us {
+            engine.projection_pass_interval = Duration::from_micros(us);
         }
         if let Some(capacity) = self.queue_capacity {
             engine.queue_capacity = capacity.max(1);

@@ -154,6 +154,11 @@ impl Projection for LedgerProjection {
         write_prefixed(out, &encode(&*model))
     }
 
+    /// A prepare its partitions answered RECEIVED waits for this model to settle it (`waiters.rs`).
+    fn requests_wait(&self) -> bool {
+        true
+    }
+
     fn restore(&mut self, input: &mut dyn io::Read, _positions: &[Lsn]) -> io::Result<()> {
         let restored = read_prefixed(input)?;
         *self

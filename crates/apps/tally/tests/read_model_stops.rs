@@ -55,7 +55,7 @@ fn a_read_model_that_cannot_apply_an_event_stops_and_health_names_it() {
         refuse_at: 2,
     }));
     // One partition: every add below goes to partition 0.
-    let (engine, runtime) = support::start(dir.path(), 1, spec);
+    let (engine, runtime) = support::start(dir.path(), 1, spec, |_| {});
     let handle = engine.handle();
     let add = |tag: u64| {
         Command::Add {

@@ -10,7 +10,7 @@ use std::time::Duration;
 #[test]
 fn shutdown_ends_when_a_partition_thread_has_panicked() {
     let dir = tempfile::tempdir().unwrap();
-    let (engine, runtime) = support::start(dir.path(), 2, spate_tally::module().spec);
+    let (engine, runtime) = support::start(dir.path(), 2, spate_tally::module().spec, |_| {});
     let handle = engine.handle();
     let answered = runtime.block_on(handle.query(1, APP_ID, |_: &TallyState| -> u8 {
         panic!("a fault on partition 1's thread")

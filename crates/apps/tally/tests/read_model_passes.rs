@@ -1,0 +1,97 @@
+//! A read model passes over its feed at most once per `EngineConfig::projection_pass_interval`: a group
+//! commit that comes sooner after the last pass waits for the rest of the interval. One that requests
+//! wait for (`Projection::requests_wait`) passes as each group commit comes.
+
+mod support;
+
+use spate_engine::{Lsn, PartitionId, Projection};
+use spate_tally::{APP_ID, Command, TotalsProjection};
+use std::io;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+const PASS_INTERVAL: Duration = Duration::from_secs(3);
+
+/// tally's totals, saying whether requests wait for them as the test asks.
+struct Totals {
+    inner: TotalsProjection,
+    requests_wait: bool,
+}
+
+impl Projection for Totals {
+    fn apply(
+        &mut self,
+        partition: PartitionId,
+        lsn: Lsn,
+        at_ms: u64,
+        event: &[u8],
+    ) -> io::Result<()> {
+        self.inner.apply(partition, lsn, at_ms, event)
+    }
+
+    fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
+        self.inner.write_snapshot(out)
+    }
+
+    fn restore(&mut self, input: &mut dyn io::Read, positions: &[Lsn]) -> io::Result<()> {
+        self.inner.restore(input, positions)
+    }
+
+    fn requests_wait(&self) -> bool {
+        self.requests_wait
+    }
+}
+
+/// Submits two adds on one partition, the second once the read model shows the first, and returns how
+/// long after its acknowledgement the read model showed the second.
+fn second_add_shown_after(requests_wait: bool) -> Duration {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = spate_tally::module().spec;
+    spec.projection = Some(Box::new(Totals {
+        inner: TotalsProjection::new(Arc::new(RwLock::new(Default::default()))),
+        requests_wait,
+    }));
+    let (engine, runtime) = support::start(dir.path(), 1, spec, |config| {
+        config.projection_pass_interval = PASS_INTERVAL;
+    });
+    let handle = engine.handle();
+    let add_and_wait_until_shown = |tag: u64| {
+        let add = Command::Add {
+            account: "alice".into(),
+            amount: 5,
+            tag,
+        };
+        runtime
+            .block_on(handle.submit(0, APP_ID, None, add.encode()))
+            .unwrap();
+        let acknowledged = Instant::now();
+        while handle.projection_lag(APP_ID) != Some(0) {
+            assert!(
+                acknowledged.elapsed() < 4 * PASS_INTERVAL,
+                "add {tag} is never shown"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        acknowledged.elapsed()
+    };
+    let first = add_and_wait_until_shown(1);
+    assert!(
+        first < PASS_INTERVAL / 2,
+        "the first pass waits for nothing: {first:?}"
+    );
+    let second = add_and_wait_until_shown(2);
+    engine.shutdown().unwrap();
+    second
+}
+
+#[test]
+fn a_group_commit_soon_after_a_pass_waits_for_the_rest_of_the_interval() {
+    let waited = second_add_shown_after(false);
+    assert!(waited > PASS_INTERVAL * 2 / 3, "{waited:?}");
+}
+
+#[test]
+fn a_read_model_that_requests_wait_for_passes_at_once() {
+    let waited = second_add_shown_after(true);
+    assert!(waited < PASS_INTERVAL / 2, "{waited:?}");
+}
