@@ -60,8 +60,10 @@ pub struct EngineConfig {
     pub projection_checkpoint_interval_bytes: u64,
     /// Group commits queued for a projection; a projection further behind reads the journal instead.
     pub projection_feed_batches_max: usize,
-    /// The least time between two passes of a read model over its feed (see `projection.rs`): a read
-    /// model lags the journal by up to this much more, and wakes up and flushes at most this often.
+    /// The least time between two passes of a read model over its feed that a group commit started (see
+    /// `projection.rs`; not for one that requests wait for, `Projection::requests_wait`): such a read
+    /// model lags the journal by up to this much more, and a stream of group commits wakes it up and
+    /// has it flush at most this often.
     pub projection_pass_interval: Duration,
     /// Memory for the archive store's block cache, all partitions together (the archive's records not
     /// yet stored are extra, and few).

@@ -306,20 +306,19 @@ impl ProjectionRuntime {
 
     pub fn run(mut self, feeds: Receiver<Feed>) {
         let _marks_a_panic = MarkStoppedOnPanic(self.stopped.clone());
-        let mut last_fed_pass: Option<Instant> = None;
+        let mut next_fed_pass = Instant::now();
         loop {
             match feeds.recv_timeout(IDLE_PASS_INTERVAL) {
                 Ok(feed) => {
                     self.apply_feed(&feed);
                     // Below the peak every group commit is small and would be a wake-up and a flush
-                    // of its own; what comes meanwhile is drained below, in the same pass.
-                    if let Some(rest) = last_fed_pass
-                        .and_then(|at| self.pass_interval.checked_sub(at.elapsed()))
-                        .filter(|rest| !rest.is_zero())
-                    {
+                    // of its own; what comes meanwhile is drained below, in the same pass. A feed
+                    // half full (a burst, a cluster node catching up) is drained at once instead.
+                    let rest = next_fed_pass.saturating_duration_since(Instant::now());
+                    if !rest.is_zero() && feeds.len() < feeds.capacity().unwrap_or(0) / 2 {
                         std::thread::sleep(rest);
                     }
-                    last_fed_pass = Some(Instant::now());
+                    next_fed_pass = Instant::now() + self.pass_interval;
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,

@@ -14,6 +14,10 @@ use std::time::Duration;
 /// The longest linger accepted: a request waiting longer for its group commit is a misconfiguration.
 const LINGER_US_MAX: u64 = 10_000_000;
 
+/// The longest pass interval of a read model accepted: read models a second behind are a
+/// misconfiguration (and a stop waits out the interval).
+const PROJECTION_PASS_INTERVAL_US_MAX: u64 = 1_000_000;
+
 #[derive(Debug, Clone, Copy, ValueEnum, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum DurabilityArg {
@@ -140,7 +144,7 @@ pub struct ServeArgs {
     /// Microseconds between two passes of a read model over its feed at least: the group commits of
     /// that time are applied and written together, for fewer wake-ups below the peak, and the model
     /// lags by up to that much more (the ledger's, which requests wait for, passes at once; 0: every
-    /// read model passes at once) [default: 1000]
+    /// read model passes at once; at most 1000000) [default: 1000]
     #[arg(long, env = "SPATE_PROJECTION_PASS_INTERVAL_US")]
     projection_pass_interval_us: Option<u64>,
     /// Requests waiting per partition before 503 [default: 16384]
@@ -571,6 +575,11 @@ impl ServeArgs {
             engine.projection_feed_batches_max = batches.max(1);
         }
         if let Some(us) = self.projection_pass_interval_us {
+            if us > PROJECTION_PASS_INTERVAL_US_MAX {
+                bail!(
+                    "--projection-pass-interval-us must be at most {PROJECTION_PASS_INTERVAL_US_MAX} (1 s), not {us}"
+                );
+            }
             engine.projection_pass_interval = Duration::from_micros(us);
         }
         if let Some(capacity) = self.queue_capacity {

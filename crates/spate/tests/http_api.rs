@@ -528,13 +528,14 @@ fn slow_idle_and_stalled_clients_are_cut_and_others_are_served() {
 }
 
 /// Options that would make a server useless or crash it are refused at start-up, naming what is wrong: a
-/// timeout of 0 would cut every connection at once, one linger time alone would do nothing, and a
-/// linger beyond 10 s is a mistake (and past the clock's range, a crash).
+/// timeout of 0 would cut every connection at once, one linger time alone would do nothing, a
+/// linger beyond 10 s is a mistake (and past the clock's range, a crash), and so are read models
+/// that pass over their feed less often than once a second.
 #[test]
 fn bad_serve_options_are_refused_at_start_up() {
     let dir = tempfile::tempdir().unwrap();
     let max = u64::MAX.to_string();
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (
             &["--header-read-timeout-ms", "0"],
             "--header-read-timeout-ms must be at least 1",
@@ -554,6 +555,10 @@ fn bad_serve_options_are_refused_at_start_up() {
         (
             &["--linger-quiet-us", "100", "--linger-max-us", &max],
             "--linger-max-us must be at most 10000000",
+        ),
+        (
+            &["--projection-pass-interval-us", "1000001"],
+            "--projection-pass-interval-us must be at most 1000000",
         ),
     ];
     for (options, expected) in cases {

@@ -872,7 +872,7 @@ async fn refund(
 /// Payments by status over every merchant, and the captures waiting for a settlement batch.
 #[derive(Serialize, ToSchema)]
 struct PaymentsSummary {
-    /// Payments per status, from the read model: it may lag by a group commit.
+    /// Payments per status, from the read model: it may lag the acknowledgements by about a millisecond.
     by_status: BTreeMap<&'static str, u64>,
     /// Captures pending in no settlement batch yet, read from every partition: the next
     /// `POST /admin/settlements` puts them in a batch.
