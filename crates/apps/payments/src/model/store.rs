@@ -5,8 +5,8 @@
 //! (in memory while they can change, then in the archive), which the list asks for the page it shows.
 //!
 //! Changes gather in memory (`pending`) and go to disk in one atomic write per [`ModelStore::flush`]
-//! (after each pass of the read model over its feed, or every [`PENDING_MAX`] payments), which also records, per
-//! partition, the position of the newest event the store holds (`applied`). After a crash the store may
+//! (after each pass of the read model over its feed, or every [`PENDING_MAX`] payments), which also
+//! records, per partition, the position of the newest event the store holds (`applied`). After a crash the store may
 //! be ahead of the model's checkpoint: events replayed from the journal that it already holds are
 //! skipped. It is never behind: a checkpoint flushes and persists the store first, and start-up refuses
 //! a store that holds less than the checkpoint says.
