@@ -44,6 +44,17 @@ pub enum ArchiveError {
          {stored_through}, and the snapshot relies on it for every record archived before LSN {needed}"
     )]
     Lost { stored_through: Lsn, needed: Lsn },
+    #[error(
+        "the archive store holds records archived up to LSN {}, but the journal ends at LSN \
+         {journal_end}: records are stored only once durable, so the journal lost {} records that \
+         were written (a truncated or damaged segment). Restore the journal",
+        stored_through - 1,
+        stored_through - journal_end
+    )]
+    AheadOfJournal {
+        stored_through: Lsn,
+        journal_end: Lsn,
+    },
 }
 
 /// The node's archive database, in `<data dir>/archive`: one keyspace per partition.
@@ -131,6 +142,21 @@ impl ArchiveStore {
             stored_through.to_le_bytes(),
         );
         Ok(batch.commit()?)
+    }
+
+    /// Fails if the store holds records archived at or past `journal_end` (the journal's next LSN):
+    /// the writer stores a record only once the command that archived it is durable, so the journal
+    /// lost that command. Starting from the journal as it is would serve the store's copy of what
+    /// replay never rebuilds.
+    pub fn check_within_journal(&self, journal_end: Lsn) -> Result<(), ArchiveError> {
+        let stored_through = self.stored_through()?;
+        if stored_through > journal_end {
+            return Err(ArchiveError::AheadOfJournal {
+                stored_through,
+                journal_end,
+            });
+        }
+        Ok(())
     }
 
     /// Every record archived before this LSN and handed to [`Self::put_all`] is stored.

@@ -144,6 +144,13 @@ pub(crate) fn recover_partition(
     log: &dyn Log,
     snapshot_dir: &Path,
 ) -> Result<(Core, SinceSnapshot), StartError> {
+    if let Some(store) = archive {
+        store
+            .check_within_journal(log.next_lsn())
+            .map_err(|error| {
+                StartError::Unrecoverable(format!("partition {partition}: {error}"))
+            })?;
+    }
     // The partition as the newest usable snapshot holds it (but those in `skipped`), with that
     // snapshot's path and size; a fresh partition if the journal starts at its first record and no
     // snapshot is usable.
@@ -165,15 +172,23 @@ pub(crate) fn recover_partition(
                     empty_idempotency,
                     archive,
                 );
-                // A snapshot is written only after the records it covers are in the journal: one past the
-                // journal's end proves the journal lost acknowledged records (a truncated or damaged segment).
-                // Starting from the journal alone would drop them silently.
-                if lsn > log.next_lsn() && matches!(loaded, Ok(()) if core.next_lsn == lsn) {
+                // A snapshot is published under its LSN only after the records it covers are durable in
+                // the journal: one past the journal's end proves the journal lost acknowledged records
+                // (a truncated or damaged segment), whether or not the snapshot itself still reads.
+                // Starting from the journal alone, or from an older snapshot, would drop them silently.
+                let newer_format =
+                    matches!(&loaded, Err(error) if snapshot::is_newer_format(error));
+                if lsn > log.next_lsn() && !newer_format {
+                    let damaged = match &loaded {
+                        Ok(()) if core.next_lsn == lsn => String::new(),
+                        Ok(()) => " (and that snapshot disagrees with its name)".to_string(),
+                        Err(error) => format!(" (and that snapshot is damaged too: {error})"),
+                    };
                     return Err(StartError::Unrecoverable(format!(
                         "partition {partition}: the journal ends at LSN {}, but snapshot {} holds the state \
-                 at LSN {lsn}: the journal lost {} records that were written (a truncated or damaged \
-                 segment). Restore the journal; or, to start from the journal as it is and lose \
-                 them, move that snapshot out of {}",
+                 at LSN {lsn}{damaged}: the journal lost {} records that were written (a truncated or \
+                 damaged segment). Restore the journal; or, to start from the journal as it is and \
+                 lose them, move that snapshot out of {}",
                         log.next_lsn(),
                         path.display(),
                         lsn - log.next_lsn(),

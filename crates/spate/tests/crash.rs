@@ -82,6 +82,47 @@ fn a_journal_cut_behind_its_snapshot_is_refused() {
     assert!(log.contains("move that snapshot out of"), "{log}");
 }
 
+/// The same with the snapshot damaged as well (a disk that lost recent writes damages both): its name
+/// alone proves the records up to its LSN were durable, so start-up is still refused, not continued
+/// from an older snapshot or the journal alone without them.
+#[test]
+fn a_journal_cut_behind_a_damaged_snapshot_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--apps", "tally", "--partitions", "1"], None);
+    let agent = support::agent();
+    for i in 0..200 {
+        let url = format!("{}/tally/accounts/a{i}/entries", server.base);
+        let body = serde_json::json!({"amount": 1, "tag": i});
+        assert_eq!(support::post(&agent, &url, None, &body).unwrap().0, 201);
+    }
+    assert!(server.terminate().success());
+    let newest = |under: &str| {
+        (std::fs::read_dir(dir.path().join(under)).unwrap().flatten())
+            .map(|entry| entry.path())
+            .max()
+            .unwrap()
+    };
+    let segment = newest("partitions/p000/journal");
+    let bytes = std::fs::read(&segment).unwrap();
+    let used = bytes.iter().rposition(|b| *b != 0).unwrap();
+    std::fs::write(&segment, &bytes[..used / 2]).unwrap();
+    let snapshot = newest("partitions/p000/snapshots");
+    let mut bytes = std::fs::read(&snapshot).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x20;
+    std::fs::write(&snapshot, &bytes).unwrap();
+    std::fs::remove_dir_all(dir.path().join("projections")).unwrap();
+
+    let (status, log) = support::refused_start_up(dir.path(), "tally", &["--partitions", "1"]);
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("the journal lost"), "{log}");
+    assert!(log.contains("that snapshot is damaged too"), "{log}");
+    assert!(
+        snapshot.exists(),
+        "the snapshot that proves the loss is left in place"
+    );
+}
+
 /// What a restart replays counts toward the next snapshot (issue 17): counted from zero again, a server
 /// killed every time before its next snapshot would replay an ever longer journal, and take ever longer
 /// to start. Here: 200 records, kill -9, then 150 more reach the interval of 300 with the 200 replayed.

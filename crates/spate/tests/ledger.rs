@@ -838,6 +838,49 @@ fn an_archive_store_that_lost_records_is_refused_at_start_up() {
     }
 }
 
+/// The archive's store takes a record only once the command that archived it is durable, so a store
+/// holding records past the journal's end proves the journal lost acknowledged commands: start-up is
+/// refused, rather than serving the store's copy of transfers that replay never rebuilds (a GET would
+/// answer COMMITTED for a transfer the partition holds RESERVED, and a new prepare of a lost id would
+/// be refused as a duplicate).
+#[test]
+fn an_archive_store_ahead_of_a_cut_journal_is_refused_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path());
+    let (agent, base) = (agent(), server.base.clone());
+    create(&agent, &base, "dfspa", "100000");
+    create(&agent, &base, "dfspb", "100000");
+    for n in 1..=50 {
+        let url = format!("{base}/transfers");
+        let (status, body) = post(
+            &agent,
+            &url,
+            &prepare_body(n, "dfspa", "dfspb", "1", 60_000),
+        );
+        assert_eq!(status, 201, "{body}");
+        let url = format!("{base}/transfers/{}", transfer_id(n));
+        let (status, body) = put(&agent, &url, "dfspb", &fulfil_body(n));
+        assert_eq!(status, 200, "{body}");
+    }
+    // The writer stores each group commit's transfers right after it is durable: by now the store holds
+    // those of the first half of the journal at least. kill -9, not a stop: no final snapshot, which
+    // would prove the loss on its own.
+    server.kill9();
+    let journal = dir.path().join("partitions/p000/journal");
+    let segment = (std::fs::read_dir(&journal).unwrap().flatten())
+        .map(|entry| entry.path())
+        .max()
+        .unwrap();
+    let bytes = std::fs::read(&segment).unwrap();
+    let used = bytes.iter().rposition(|b| *b != 0).unwrap();
+    std::fs::write(&segment, &bytes[..used / 2]).unwrap();
+
+    let (status, log) = support::refused_start_up(dir.path(), "ledger", &[]);
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("the archive store holds records"), "{log}");
+    assert!(log.contains("the journal lost"), "{log}");
+}
+
 #[test]
 fn snapshots_and_checkpoints_fall_due_by_journal_bytes_too() {
     // A batch of a thousand operations is one journal record per step: counted in records alone, no
