@@ -17,6 +17,9 @@
 # in turn, BINARY_B first, each start timed until it serves (with the process's user and system CPU
 # seconds) and then killed with kill -9: one state restarted by two binaries back to back. COLD=1
 # drops the page cache before each of those starts (needs root: checked before anything runs).
+# With RATE=R the COUNT transactions come from a source paced at R/s (`spate fraud gen --serve --rate`)
+# through `spate fraud pull`, as the case study's did, instead of as fast as the server takes them: a
+# restart after a steady stream, whose snapshots keep falling due, rather than after a burst.
 set -euo pipefail
 
 bin=${1:-target/release/spate}
@@ -24,6 +27,7 @@ cards=${2:-30000000}
 count=${3:-20000000}
 port=18180
 stream=18190
+source=18195
 . "$(dirname "$0")/lib/measure.sh"
 
 start() {
@@ -47,8 +51,20 @@ curl -sf -XPOST "127.0.0.1:$port/fraud/history/generate" -H 'content-type: appli
     -d "{\"cards\":$cards,\"now_ms\":1800000000000}" >/dev/null
 echo "history: $cards cards x 20 generated and stored in $(seconds_since "$begin") s (ended $(date -u +%H:%M:%S)); RSS $(rss_mib) MiB"
 
-"$bin" fraud push --server "127.0.0.1:$stream" --cards "$cards" --count "$count" \
-    --start-ms 1800000100000 --batch 8192 --window 32 >"$dir/push.json"
+if [ -n "${RATE:-}" ]; then
+    # The case study's topology: a source that does not wait for acknowledgements, at RATE records/s,
+    # forwarded to the acknowledged stream.
+    "$bin" fraud gen --serve "127.0.0.1:$source" --rate "$RATE" --cards "$cards" --count "$count" \
+        --start-ms 1800000100000 >"$dir/source.log" 2>&1 &
+    source_pid=$!
+    until grep -q "spate fraud source on" "$dir/source.log"; do sleep 0.05; done
+    "$bin" fraud pull --source "127.0.0.1:$source" --server "127.0.0.1:$stream" --count "$count" \
+        --batch 2048 --window 32 >"$dir/push.json"
+    kill "$source_pid"
+else
+    "$bin" fraud push --server "127.0.0.1:$stream" --cards "$cards" --count "$count" \
+        --start-ms 1800000100000 --batch 8192 --window 32 >"$dir/push.json"
+fi
 echo "stream: $(cat "$dir/push.json")"
 echo "RSS after the stream: $(rss_mib) MiB; data directory $(du -sm "$dir/data" | cut -f1) MiB"
 metrics=$(curl -s "127.0.0.1:$port/metrics")
