@@ -1090,6 +1090,16 @@ impl EngineHandle {
         }
         let message = crate::cluster::decode_message(message, inner.partition_count)
             .map_err(|e| format!("bad internal message: {e}"))?;
+        // Applied, it would stop the partition: apply finds the app it names or asserts.
+        if let Internal::FollowUp(follow_up) = &message
+            && !(inner.starter.apps.iter()).any(|spec| spec.id == follow_up.app)
+        {
+            return Err(format!(
+                "bad internal message: a follow-up for app {}, which this node does not serve (every \
+                 node of a cluster must serve the same --apps)",
+                follow_up.app
+            ));
+        }
         if inner.is_here(partition) {
             let _ = inner.peers.internal(partition).send(message);
         }

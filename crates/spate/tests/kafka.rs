@@ -358,6 +358,16 @@ fn three_nodes_survive_pause_kill_lost_disk_and_restarts(cluster: &Cluster, seed
             vec![1, 0, 0, 0, 5, 0, 0, 0, 9],
             "bad internal messages",
         ),
+        // One follow-up (tag 0, source 0, seq 1) for app 63, which no node serves, with no payload.
+        (
+            "0/messages",
+            [
+                &[1, 0, 0, 0, 16, 0, 0, 0, 0, 0, 0][..],
+                &[1, 0, 0, 0, 0, 0, 0, 0, 63, 0, 0, 0, 0],
+            ]
+            .concat(),
+            "which this node does not serve",
+        ),
         ("999/commands", vec![0, 0, 0, 0], "out of range"),
         ("0/reads", vec![], "a read names no app"),
         ("999/reads", vec![1], "out of range"),
