@@ -471,6 +471,7 @@ impl Engine {
             snapshot_step_bytes: config.snapshot_step_bytes,
             follow_ups_in_flight_max: config.follow_ups_in_flight_max,
             resend_interval,
+            reads_need_lease: remote.is_some(),
         };
         // Feeds are bounded: a projection that falls this many group commits behind reads the journal.
         let mut feeds = Vec::new();
@@ -922,7 +923,13 @@ impl EngineHandle {
             partition::offer(queue, Request::Query(query), &self.inner.metrics[index])
                 .map_err(|(error, _)| error)?;
         }
-        reply.await.map_err(|_| EngineError::ShuttingDown)?
+        let answer = reply.await.map_err(|_| EngineError::ShuttingDown)?;
+        // The partition runs here but its read lease ran out: the lease may have moved on.
+        if let (Err(EngineError::NotOwner(_)), Some(remote)) = (&answer, self.inner.peers.remote())
+        {
+            remote.query_refused(partition);
+        }
+        answer
     }
 
     /// Sends a control message to each of `partitions`; each answers on its own channel.
@@ -1104,6 +1111,16 @@ impl EngineHandle {
             let _ = inner.peers.internal(partition).send(message);
         }
         Ok(())
+    }
+
+    /// On a cluster node: lets `partitions` answer reads from their own state until `until` (see
+    /// `ReadLease`). The membership calls it each time the group shows this node holding them.
+    pub fn extend_read_leases(&self, partitions: &[PartitionId], until: Instant) {
+        for &partition in partitions {
+            if let Some(shared) = self.inner.shared.get(usize::from(partition)) {
+                shared.read_lease.extend_to(until);
+            }
+        }
     }
 
     pub fn health(&self) -> Health {

@@ -181,6 +181,43 @@ pub(crate) struct PartitionShared {
     /// Every record archived before this LSN is in the archive's store; the partition may drop it from
     /// memory. Stops growing for good if the store fails, so that nothing unstored is dropped.
     pub archived_lsn: AtomicU64,
+    /// On a cluster node, until when the partition may answer reads from its own state (see
+    /// [`ReadLease`]); unused on a single node.
+    pub read_lease: ReadLease,
+}
+
+/// How long a cluster node may go on answering reads of a partition from the state it holds. Fencing
+/// keeps an old owner's writes out of the log, not its reads: a node paused while its lease moved
+/// answers, once resumed and until it notices, from a state that misses what the new owner
+/// acknowledged. The membership extends the lease each time the group's description shows this node
+/// holding the partition, by a margin the group's session timeout guarantees no other node can own it
+/// within (`spate_kafka::membership`); reads after it are refused as `NotOwner` (and forwarded).
+#[derive(Debug)]
+pub(crate) struct ReadLease {
+    base: Instant,
+    /// Nanoseconds after `base`; only grows.
+    until_ns: AtomicU64,
+}
+
+impl Default for ReadLease {
+    fn default() -> Self {
+        Self {
+            base: Instant::now(),
+            until_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+impl ReadLease {
+    pub fn extend_to(&self, until: Instant) {
+        let until_ns = until.saturating_duration_since(self.base).as_nanos() as u64;
+        self.until_ns.fetch_max(until_ns, Ordering::AcqRel);
+    }
+
+    pub fn holds_at(&self, now: Instant) -> bool {
+        (now.saturating_duration_since(self.base).as_nanos() as u64)
+            < self.until_ns.load(Ordering::Acquire)
+    }
 }
 
 /// What one start of a partition (one [`pair`]) has made durable, and whether its journal failed: the
@@ -222,6 +259,7 @@ impl Default for PartitionShared {
             feed_dropped_end: std::array::from_fn(|_| AtomicU64::new(0)),
             failed: AtomicBool::new(false),
             archived_lsn: AtomicU64::new(0),
+            read_lease: ReadLease::default(),
         }
     }
 }
@@ -239,6 +277,8 @@ pub(crate) struct Limits {
     /// In a cluster, follow-ups that made no progress for this long are sent again (a message between
     /// nodes can be lost); `None` on a single node, where channels lose nothing.
     pub resend_interval: Option<Duration>,
+    /// Whether reads need the partition's [`ReadLease`]: on a cluster node.
+    pub reads_need_lease: bool,
 }
 
 /// What a partition applied since its newest snapshot began: what a restart would replay. A snapshot
@@ -747,6 +787,11 @@ impl PartitionThread {
                     query(&self.core)(Err(EngineError::JournalFailed));
                     return;
                 }
+                if self.limits.reads_need_lease && !self.shared.read_lease.holds_at(Instant::now())
+                {
+                    query(&self.core)(Err(EngineError::NotOwner(self.core.partition)));
+                    return;
+                }
                 let deliver = query(&self.core);
                 self.release(Release::Deliver(deliver));
             }
@@ -1239,6 +1284,7 @@ mod tests {
             snapshot_step_bytes: 65536,
             follow_ups_in_flight_max: 1024,
             resend_interval: None,
+            reads_need_lease: false,
         }
     }
 

@@ -34,6 +34,16 @@ const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 const DIRECTORY_REFRESH: Duration = Duration::from_millis(500);
 /// How often a node compares its leases with the partitions it applies (and retries a failed start).
 const RECONCILE_INTERVAL: Duration = Duration::from_millis(100);
+/// How long after asking for the group's description a node may answer reads, from its own state, of
+/// the partitions the description shows it holding. Another node gets one of them only once this node
+/// gives it up (which stops it here first) or its session times out: `SESSION_TIMEOUT` after the last
+/// heartbeat the coordinator had from it, sent at most a `HEARTBEAT_INTERVAL` before the node asked.
+/// A node paused or cut off after asking thus loses the partition 5 s after asking at the soonest;
+/// the lease ends 2 s before that, a margin for late heartbeats and clocks that run at other rates.
+const READ_LEASE: Duration = Duration::from_secs(3);
+const _: () = assert!(
+    READ_LEASE.as_millis() + 2 * HEARTBEAT_INTERVAL.as_millis() < SESSION_TIMEOUT.as_millis()
+);
 
 /// This node, as other nodes and operators see it.
 #[derive(Debug, Clone)]
@@ -251,8 +261,9 @@ impl GroupView {
             self.start_leased(&consumer, &engine);
             if described_at.elapsed() >= DIRECTORY_REFRESH {
                 described_at = Instant::now();
-                if let Err(error) = self.describe(&consumer) {
-                    tracing::debug!(%error, "describing the cluster");
+                match self.describe(&consumer) {
+                    Ok(()) => self.extend_read_leases(&engine, described_at),
+                    Err(error) => tracing::debug!(%error, "describing the cluster"),
                 }
             }
         }
@@ -260,6 +271,18 @@ impl GroupView {
         stop_partitions(&engine, &engine.local_partitions());
         drop(consumer);
         tracing::info!(node_id = self.node.node_id, "left the cluster");
+    }
+
+    /// Lets the partitions the group's description, asked for at `asked_at`, shows this node holding
+    /// answer reads for [`READ_LEASE`] from then.
+    fn extend_read_leases(&self, engine: &EngineHandle, asked_at: Instant) {
+        let members = self
+            .members
+            .read()
+            .expect("no thread panics holding members");
+        if let Some(this_node) = members.iter().find(|m| m.node_id == self.node.node_id) {
+            engine.extend_read_leases(&this_node.partitions, asked_at + READ_LEASE);
+        }
     }
 
     /// Starts every leased partition not applied yet, together (each start fences the old owner and

@@ -12,7 +12,9 @@ use prometheus_client::registry::Registry;
 use spate_engine::cluster::{ReadSender, Remote, ReplySender};
 use spate_engine::journal::JournalError;
 use spate_engine::record::{Envelope, Origin, begin_record, finish_record};
-use spate_engine::{Engine, EngineConfig, EngineError, FileLogStore, Lsn, PartitionId, Reply};
+use spate_engine::{
+    Engine, EngineConfig, EngineError, EngineHandle, FileLogStore, Lsn, PartitionId, Reply,
+};
 use spate_tally::{APP_ID, Command, TallyState};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -132,14 +134,24 @@ fn node(data_dir: &Path, log_dir: &Path, fence: &Arc<Fence>) -> Engine {
     .unwrap()
 }
 
-/// The tags of acct0's entries, as the partition here holds them.
+/// The tags of acct0's entries, as the partition here holds them: the membership has just shown this
+/// node holding it (it extends the read lease).
 fn tags(runtime: &tokio::runtime::Runtime, engine: &Engine) -> Vec<u64> {
     let handle = engine.handle();
-    let account = handle.query(0, APP_ID, |state: &TallyState| {
-        state.account("acct0").cloned()
-    });
-    let account = runtime.block_on(account).unwrap().expect("acct0 exists");
+    handle.extend_read_leases(&[0], Instant::now() + Duration::from_secs(60));
+    let account = runtime
+        .block_on(acct0(&handle))
+        .unwrap()
+        .expect("acct0 exists");
     account.entries.iter().map(|&(tag, _)| tag).collect()
+}
+
+async fn acct0(handle: &EngineHandle) -> Result<Option<spate_tally::Account>, EngineError> {
+    handle
+        .query(0, APP_ID, |state: &TallyState| {
+            state.account("acct0").cloned()
+        })
+        .await
 }
 
 fn acknowledged(runtime: &tokio::runtime::Runtime, engine: &Engine, tag: u64) {
@@ -254,4 +266,39 @@ fn a_snapshot_of_another_history_is_set_aside_at_recovery() {
     engine.handle().activate(0).unwrap();
     assert_eq!(tags(&runtime, &engine), [1, 100, 101]);
     assert!(!planted.exists(), "the foreign snapshot was not set aside");
+}
+
+/// Fencing keeps an old owner's writes out of the log, not its reads: a node paused while its lease
+/// moved would answer from a state that misses the new owner's acknowledged writes. A cluster node
+/// answers reads of a partition only while the membership's read lease lasts, and refuses them as
+/// `NotOwner` after (the server then forwards them to the owner).
+#[test]
+fn a_node_answers_reads_only_while_its_read_lease_lasts() {
+    let (log_dir, node_dir) = (tempdir(), tempdir());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let engine = node(node_dir.path(), log_dir.path(), &Arc::new(Fence::default()));
+    let handle = engine.handle();
+    handle.activate(0).unwrap();
+    acknowledged(&runtime, &engine, 1);
+    assert_eq!(
+        runtime.block_on(acct0(&handle)).map(|_| ()),
+        Err(EngineError::NotOwner(0)),
+        "read before the membership showed this node holding the partition"
+    );
+    let lease = Duration::from_millis(300);
+    handle.extend_read_leases(&[0], Instant::now() + lease);
+    assert!(runtime.block_on(acct0(&handle)).unwrap().is_some());
+    std::thread::sleep(lease);
+    assert_eq!(
+        runtime.block_on(acct0(&handle)).map(|_| ()),
+        Err(EngineError::NotOwner(0)),
+        "read after the lease ran out"
+    );
+    // Writes do not need it: the log's fence guards them.
+    acknowledged(&runtime, &engine, 2);
+    handle.extend_read_leases(&[0], Instant::now() + Duration::from_secs(60));
+    assert_eq!(tags(&runtime, &engine), [1, 2]);
 }
