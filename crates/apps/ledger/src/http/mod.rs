@@ -18,8 +18,7 @@ use crate::domain::{
 };
 use crate::model::{LedgerModel, STATE_NAMES};
 use crate::state::{
-    LedgerState, decode, decode_archived, encode, entries_archive_key, owner_key,
-    transfer_archive_key,
+    LedgerState, decode, encode, entries_archive_key, owner_key, transfer_archive_key,
 };
 use crate::waiters::Waiters;
 use crate::{APP_ID, domain::Owner};
@@ -455,7 +454,10 @@ async fn get_entries(
             let page = participant.entries.page(offset, limit, |chunk| {
                 let key = entries_archive_key(&lookup, chunk);
                 match archive.get(&key) {
-                    Ok(Some(bytes)) => Ok(decode_archived::<Vec<Entry>>(&bytes)),
+                    // An error, not `decode_archived`'s panic: this runs on the partition's thread.
+                    Ok(Some(bytes)) => decode::<Vec<Entry>>(&bytes).map_err(|error| {
+                        format!("entries chunk {chunk} of {lookup} cannot be decoded: {error}")
+                    }),
                     Ok(None) => Err(format!("entries chunk {chunk} of {lookup} is missing")),
                     Err(error) => Err(error.to_string()),
                 }
@@ -836,8 +838,18 @@ async fn get_transfer(
     .await
     .map_err(ApiError::archive)?
     .map_err(ApiError::archive)?;
+    // A stored transfer that does not decode fails this request with a 500 naming it; on the
+    // partition's thread it would have stopped the partition.
+    let decoded = move |bytes: &[u8]| {
+        decode::<Transfer>(bytes).map_err(|error| {
+            format!(
+                "archived transfer {} cannot be decoded: {error}",
+                format_transfer_id(id)
+            )
+        })
+    };
     let found = match stored {
-        Some(bytes) => Some(decode_archived::<Transfer>(&bytes)),
+        Some(bytes) => Some(decoded(&bytes).map_err(ApiError::archive)?),
         None => ledger
             .engine
             .query_archive(
@@ -845,8 +857,11 @@ async fn get_transfer(
                 APP_ID,
                 move |state: &LedgerState, archive| match state.ledger.open_transfer(id) {
                     Some(open) => Ok(Some(open.clone())),
-                    None => (archive.get(&transfer_archive_key(id)))
-                        .map(|archived| archived.map(|bytes| decode_archived(&bytes))),
+                    None => match archive.get(&transfer_archive_key(id)) {
+                        Ok(Some(bytes)) => decoded(&bytes).map(Some),
+                        Ok(None) => Ok(None),
+                        Err(error) => Err(error.to_string()),
+                    },
                 },
             )
             .await?
