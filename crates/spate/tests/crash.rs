@@ -46,13 +46,9 @@ fn a_data_directory_without_its_meta_file_keeps_its_partition_count() {
     check_exactly_once(&server.base, &acked, "after spate.meta was written again");
 }
 
-/// A snapshot past the journal's end proves that the journal lost acknowledged records: the start is
-/// refused, naming both, instead of skipping the snapshot and serving without them (issue 19, defect
-/// 4: 31 acknowledged writes lost).
-#[test]
-fn a_journal_cut_behind_its_snapshot_is_refused() {
+/// One partition of tally with 200 adds, stopped cleanly: its final snapshot holds them all.
+fn tally_of_200_adds_stopped() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let args = ["--partitions", "1"];
     let server = Server::start(dir.path(), &["--apps", "tally", "--partitions", "1"], None);
     let agent = support::agent();
     for i in 0..200 {
@@ -64,19 +60,19 @@ fn a_journal_cut_behind_its_snapshot_is_refused() {
         server.terminate().success(),
         "a clean stop writes the final snapshot"
     );
-    let journal = dir.path().join("partitions/p000/journal");
-    let segment = std::fs::read_dir(&journal)
-        .unwrap()
-        .flatten()
-        .map(|entry| entry.path())
-        .max()
-        .unwrap();
-    let bytes = std::fs::read(&segment).unwrap();
-    let used = bytes.iter().rposition(|b| *b != 0).unwrap();
-    std::fs::write(&segment, &bytes[..used / 2]).unwrap();
+    dir
+}
+
+/// A snapshot past the journal's end proves that the journal lost acknowledged records: the start is
+/// refused, naming both, instead of skipping the snapshot and serving without them (issue 19, defect
+/// 4: 31 acknowledged writes lost).
+#[test]
+fn a_journal_cut_behind_its_snapshot_is_refused() {
+    let dir = tally_of_200_adds_stopped();
+    support::cut_partition_0_journal_in_half(dir.path());
     std::fs::remove_dir_all(dir.path().join("projections")).unwrap();
 
-    let (status, log) = support::refused_start_up(dir.path(), "tally", &args);
+    let (status, log) = support::refused_start_up(dir.path(), "tally", &["--partitions", "1"]);
     assert!(!status.success(), "{log}");
     assert!(log.contains("the journal lost"), "{log}");
     assert!(log.contains("move that snapshot out of"), "{log}");
@@ -87,26 +83,13 @@ fn a_journal_cut_behind_its_snapshot_is_refused() {
 /// from an older snapshot or the journal alone without them.
 #[test]
 fn a_journal_cut_behind_a_damaged_snapshot_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &["--apps", "tally", "--partitions", "1"], None);
-    let agent = support::agent();
-    for i in 0..200 {
-        let url = format!("{}/tally/accounts/a{i}/entries", server.base);
-        let body = serde_json::json!({"amount": 1, "tag": i});
-        assert_eq!(support::post(&agent, &url, None, &body).unwrap().0, 201);
-    }
-    assert!(server.terminate().success());
-    let newest = |under: &str| {
-        (std::fs::read_dir(dir.path().join(under)).unwrap().flatten())
-            .map(|entry| entry.path())
-            .max()
-            .unwrap()
-    };
-    let segment = newest("partitions/p000/journal");
-    let bytes = std::fs::read(&segment).unwrap();
-    let used = bytes.iter().rposition(|b| *b != 0).unwrap();
-    std::fs::write(&segment, &bytes[..used / 2]).unwrap();
-    let snapshot = newest("partitions/p000/snapshots");
+    let dir = tally_of_200_adds_stopped();
+    support::cut_partition_0_journal_in_half(dir.path());
+    let snapshot = (std::fs::read_dir(dir.path().join("partitions/p000/snapshots")).unwrap())
+        .flatten()
+        .map(|entry| entry.path())
+        .max()
+        .unwrap();
     let mut bytes = std::fs::read(&snapshot).unwrap();
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0x20;

@@ -791,7 +791,14 @@ fn a_flipped_byte_in_an_archive_table_is_found_by_the_scrub_and_never_served() {
 /// A ledger with 50 committed transfers, archived; stopped cleanly.
 fn stopped_ledger_with_an_archive() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let server = start(dir.path());
+    let server = ledger_with_an_archive(dir.path());
+    assert!(server.terminate().success());
+    dir
+}
+
+/// A ledger in `dir` with 50 committed transfers, archived.
+fn ledger_with_an_archive(dir: &std::path::Path) -> Server {
+    let server = start(dir);
     let (agent, base) = (agent(), server.base.clone());
     create(&agent, &base, "dfspa", "100000");
     create(&agent, &base, "dfspb", "100000");
@@ -807,8 +814,7 @@ fn stopped_ledger_with_an_archive() -> tempfile::TempDir {
         let (status, body) = put(&agent, &url, "dfspb", &fulfil_body(n));
         assert_eq!(status, 200, "{body}");
     }
-    assert!(server.terminate().success());
-    dir
+    server
 }
 
 #[test]
@@ -846,34 +852,12 @@ fn an_archive_store_that_lost_records_is_refused_at_start_up() {
 #[test]
 fn an_archive_store_ahead_of_a_cut_journal_is_refused_at_start_up() {
     let dir = tempfile::tempdir().unwrap();
-    let server = start(dir.path());
-    let (agent, base) = (agent(), server.base.clone());
-    create(&agent, &base, "dfspa", "100000");
-    create(&agent, &base, "dfspb", "100000");
-    for n in 1..=50 {
-        let url = format!("{base}/transfers");
-        let (status, body) = post(
-            &agent,
-            &url,
-            &prepare_body(n, "dfspa", "dfspb", "1", 60_000),
-        );
-        assert_eq!(status, 201, "{body}");
-        let url = format!("{base}/transfers/{}", transfer_id(n));
-        let (status, body) = put(&agent, &url, "dfspb", &fulfil_body(n));
-        assert_eq!(status, 200, "{body}");
-    }
+    let server = ledger_with_an_archive(dir.path());
     // The writer stores each group commit's transfers right after it is durable: by now the store holds
     // those of the first half of the journal at least. kill -9, not a stop: no final snapshot, which
     // would prove the loss on its own.
     server.kill9();
-    let journal = dir.path().join("partitions/p000/journal");
-    let segment = (std::fs::read_dir(&journal).unwrap().flatten())
-        .map(|entry| entry.path())
-        .max()
-        .unwrap();
-    let bytes = std::fs::read(&segment).unwrap();
-    let used = bytes.iter().rposition(|b| *b != 0).unwrap();
-    std::fs::write(&segment, &bytes[..used / 2]).unwrap();
+    support::cut_partition_0_journal_in_half(dir.path());
 
     let (status, log) = support::refused_start_up(dir.path(), "ledger", &[]);
     assert!(!status.success(), "{log}");

@@ -482,6 +482,19 @@ pub fn refused_serve(data_dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stderr).to_string()
 }
 
+/// Cuts the newest segment of partition 0's journal under `data_dir` to half of what it holds, as a
+/// disk that lost the tail of what was written would: the records in the lost half are gone.
+pub fn cut_partition_0_journal_in_half(data_dir: &Path) {
+    let journal = data_dir.join("partitions/p000/journal");
+    let segment = (std::fs::read_dir(&journal).unwrap().flatten())
+        .map(|entry| entry.path())
+        .max()
+        .unwrap();
+    let bytes = std::fs::read(&segment).unwrap();
+    let used = bytes.iter().rposition(|b| *b != 0).unwrap();
+    std::fs::write(&segment, &bytes[..used / 2]).unwrap();
+}
+
 /// Runs `spate serve --apps <apps> <extra>` on `dir`, which must refuse to start: its exit status and
 /// log.
 pub fn refused_start_up(
