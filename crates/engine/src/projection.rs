@@ -28,6 +28,10 @@ use std::time::{Duration, Instant};
 /// How often an idle projection moves past other apps' records (see `pass_other_apps`).
 const IDLE_PASS_INTERVAL: Duration = Duration::from_millis(20);
 
+/// How long a projection waits before it reads again records its feed dropped, after the log could not
+/// be read (see `read_dropped`).
+const DROPPED_READ_RETRY_INTERVAL: Duration = Duration::from_secs(1);
+
 /// See `checkpoint_due`.
 const PASSED_CHECKPOINT_FACTOR: u64 = 8;
 
@@ -40,8 +44,8 @@ pub(crate) struct ProjectionRuntime {
     /// `next` as of the read model's last flush, which is what readers see; read by other threads for
     /// the lag, so a lag of zero means every durable record can be read from the model.
     pub positions: Arc<Vec<AtomicU64>>,
-    /// Set when this read model's thread ended by a panic (an event it cannot read, records it cannot
-    /// read back from the journal): it applies nothing more, and `Health` names it.
+    /// Set when this read model's thread ended by a panic (an event it cannot read): it applies nothing
+    /// more, and `Health` names it.
     pub stopped: Arc<AtomicBool>,
     /// Per partition, the LSN the last checkpoint covers: the journal must keep everything from there.
     pub floors: Vec<Arc<AtomicU64>>,
@@ -66,6 +70,8 @@ pub(crate) struct ProjectionRuntime {
     partitions: Vec<Arc<PartitionShared>>,
     /// The partitions' logs, for the batches the feed dropped.
     logs: Arc<dyn LogStore>,
+    /// Per partition: after a failed read of what the feed dropped, when to try again.
+    dropped_read_retry_at: Vec<Option<Instant>>,
 }
 
 impl ProjectionRuntime {
@@ -135,6 +141,7 @@ impl ProjectionRuntime {
             journal_reads,
             partitions,
             logs,
+            dropped_read_retry_at: vec![None; usize::from(partition_count)],
         })
     }
 
@@ -189,35 +196,65 @@ impl ProjectionRuntime {
     }
 
     /// Applies from the journal what the feed of `partition` dropped while this projection lagged, so
-    /// that nothing after it is applied before it.
-    fn read_dropped(&mut self, partition: PartitionId) {
+    /// that nothing after it is applied before it. False while some of it is left unread: the log could
+    /// not be read (a replicated log's brokers out of reach), and is tried again after
+    /// [`DROPPED_READ_RETRY_INTERVAL`]. An event the read model cannot apply stops it, as from the feed.
+    fn read_dropped(&mut self, partition: PartitionId) -> bool {
         let index = usize::from(partition);
         let dropped_end =
             self.partitions[index].feed_dropped_end[usize::from(self.app)].load(Ordering::Acquire);
         let from = self.next[index];
         if dropped_end <= from {
-            return;
+            return true;
+        }
+        if self.dropped_read_retry_at[index].is_some_and(|at| Instant::now() < at) {
+            return false;
         }
         self.journal_reads.inc();
         let logs = self.logs.clone();
+        let mut unappliable = None;
         let read = logs.read_range(partition, from, dropped_end, &mut |lsn, kind, body| {
             self.apply_record(partition, lsn, kind, body)
-                .map_err(|reason| JournalError::Corrupt {
-                    path: format!("journal of partition {partition}").into(),
-                    offset: lsn,
-                    reason,
+                .map_err(|reason| {
+                    unappliable = Some(reason.clone());
+                    JournalError::Corrupt {
+                        path: format!("journal of partition {partition}").into(),
+                        offset: lsn,
+                        reason,
+                    }
                 })
         });
-        if let Err(error) = read {
-            panic!(
-                "projection {} cannot read records {from}..{dropped_end} of partition {partition}: {error}",
-                self.name
-            );
+        match read {
+            Ok(()) => {
+                self.dropped_read_retry_at[index] = None;
+                true
+            }
+            Err(error) => {
+                if let Some(reason) = unappliable {
+                    panic!("projection {}: {reason}", self.name);
+                }
+                tracing::warn!(
+                    projection = self.name,
+                    partition,
+                    %error,
+                    "cannot read records {}..{dropped_end} that the feed dropped; trying again",
+                    self.next[index]
+                );
+                self.dropped_read_retry_at[index] =
+                    Some(Instant::now() + DROPPED_READ_RETRY_INTERVAL);
+                false
+            }
         }
     }
 
     fn apply_feed(&mut self, feed: &Feed) {
-        self.read_dropped(feed.partition);
+        if !self.read_dropped(feed.partition) {
+            // Its records come after some not read yet: they are read from the log with those.
+            let end_lsn = feed.first_lsn + frame_count(&feed.frames);
+            self.partitions[usize::from(feed.partition)].feed_dropped_end[usize::from(self.app)]
+                .fetch_max(end_lsn, Ordering::AcqRel);
+            return;
+        }
         let mut offset = 0;
         let mut lsn = feed.first_lsn;
         while offset < feed.frames.len() {
@@ -279,11 +316,12 @@ impl ProjectionRuntime {
         while let Ok(feed) = feeds.try_recv() {
             self.apply_feed(&feed);
         }
-        for partition in 0..self.partitions.len() {
-            self.read_dropped(partition as PartitionId);
-        }
-        for (next, fed) in self.next.iter_mut().zip(fed) {
-            if fed > *next {
+        let all_read: Vec<bool> = (0..self.partitions.len())
+            .map(|partition| self.read_dropped(partition as PartitionId))
+            .collect();
+        for ((next, fed), all_read) in self.next.iter_mut().zip(fed).zip(all_read) {
+            // Not past records of this app left unread.
+            if all_read && fed > *next {
                 self.passed_since_checkpoint += fed - *next;
                 *next = fed;
             }
@@ -366,6 +404,19 @@ pub(crate) fn lag_records(partitions: &[Arc<PartitionShared>], positions: &[Atom
                 .saturating_sub(position.load(Ordering::Acquire))
         })
         .sum()
+}
+
+/// The records in `frames`, a durable group commit.
+fn frame_count(frames: &[u8]) -> Lsn {
+    let (mut offset, mut count) = (0, 0);
+    while offset < frames.len() {
+        let Frame::Valid { total_bytes, .. } = read_frame(&frames[offset..]) else {
+            panic!("a durable group commit holds an invalid frame at byte {offset}");
+        };
+        offset += total_bytes;
+        count += 1;
+    }
+    count
 }
 
 fn file_name(name: &str) -> String {

@@ -1,0 +1,137 @@
+//! A read model whose feed dropped group commits reads them back from the log. If the log cannot be
+//! read then (a replicated log's brokers out of reach), the read model waits and tries again: it does
+//! not stop, and it applies nothing after what it has not read.
+
+use prometheus_client::registry::Registry;
+use spate_engine::journal::{JournalError, Log, Visit};
+use spate_engine::{Engine, EngineConfig, FileLogStore, LogStore, Lsn, PartitionId, Projection};
+use spate_tally::{APP_ID, Command, Totals, TotalsProjection};
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+/// Files whose first `failures` reads of dropped records fail, as a log out of reach does.
+struct UnreachableAtFirst {
+    files: FileLogStore,
+    failures: AtomicU32,
+}
+
+impl LogStore for UnreachableAtFirst {
+    fn open(&self, partition: PartitionId, snapshots: &Path) -> Result<Box<dyn Log>, JournalError> {
+        self.files.open(partition, snapshots)
+    }
+
+    fn read_range(
+        &self,
+        partition: PartitionId,
+        from: Lsn,
+        until: Lsn,
+        visit: &mut Visit<'_>,
+    ) -> Result<(), JournalError> {
+        let failed = (self.failures)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok();
+        if failed {
+            return Err(JournalError::Replicated("no broker answers (test)".into()));
+        }
+        self.files.read_range(partition, from, until, visit)
+    }
+}
+
+/// tally's totals, slow at its first event, so that the feed of one group commit fills behind it.
+struct SlowAtFirst {
+    inner: TotalsProjection,
+    slowed: bool,
+}
+
+impl Projection for SlowAtFirst {
+    fn apply(
+        &mut self,
+        partition: PartitionId,
+        lsn: Lsn,
+        at_ms: u64,
+        event: &[u8],
+    ) -> io::Result<()> {
+        if !self.slowed {
+            self.slowed = true;
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        self.inner.apply(partition, lsn, at_ms, event)
+    }
+
+    fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
+        self.inner.write_snapshot(out)
+    }
+
+    fn restore(&mut self, input: &mut dyn io::Read, positions: &[Lsn]) -> io::Result<()> {
+        self.inner.restore(input, positions)
+    }
+}
+
+#[test]
+fn a_read_model_that_cannot_read_what_its_feed_dropped_tries_again() {
+    const ADDS: u64 = 40;
+    const FAILURES: u32 = 2;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = EngineConfig::new(dir.path());
+    config.partitions = 1;
+    config.projection_feed_batches_max = 1;
+    let logs = Arc::new(UnreachableAtFirst {
+        files: FileLogStore::new(dir.path(), config.journal.clone()),
+        failures: AtomicU32::new(FAILURES),
+    });
+    let totals = Arc::new(RwLock::new(Totals::default()));
+    let mut spec = spate_tally::module().spec;
+    spec.projection = Some(Box::new(SlowAtFirst {
+        inner: TotalsProjection::new(totals.clone()),
+        slowed: false,
+    }));
+    let engine =
+        Engine::start_on(logs.clone(), config, vec![spec], &mut Registry::default()).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = engine.handle();
+    // One group commit each: while the read model sleeps on the first, its feed holds one more and
+    // the rest are dropped, to be read from the log.
+    for tag in 0..ADDS {
+        let add = Command::Add {
+            account: "alice".into(),
+            amount: 1,
+            tag,
+        };
+        runtime
+            .block_on(handle.submit(0, APP_ID, None, add.encode()))
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while totals.read().unwrap().entries < ADDS {
+        assert!(
+            handle.health().stopped_read_models.is_empty(),
+            "the read model stopped"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the read model applied {} of {ADDS} adds",
+            totals.read().unwrap().entries
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        totals.read().unwrap().entries,
+        ADDS,
+        "each add applied once"
+    );
+    assert_eq!(
+        logs.failures.load(Ordering::Acquire),
+        0,
+        "reads of dropped group commits failed {FAILURES} times first"
+    );
+    assert!(handle.health().stopped_read_models.is_empty());
+    engine.shutdown().unwrap();
+}
