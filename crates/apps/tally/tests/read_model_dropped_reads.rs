@@ -2,11 +2,12 @@
 //! read then (a replicated log's brokers out of reach), the read model waits and tries again: it does
 //! not stop, and it applies nothing after what it has not read.
 
+mod support;
+
 use prometheus_client::registry::Registry;
 use spate_engine::journal::{JournalError, Log, Visit};
-use spate_engine::{Engine, EngineConfig, FileLogStore, LogStore, Lsn, PartitionId, Projection};
+use spate_engine::{Engine, EngineConfig, FileLogStore, LogStore, Lsn, PartitionId};
 use spate_tally::{APP_ID, Command, Totals, TotalsProjection};
-use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
@@ -42,36 +43,6 @@ impl LogStore for UnreachableAtFirst {
     }
 }
 
-/// tally's totals, slow at its first event, so that the feed of one group commit fills behind it.
-struct SlowAtFirst {
-    inner: TotalsProjection,
-    slowed: bool,
-}
-
-impl Projection for SlowAtFirst {
-    fn apply(
-        &mut self,
-        partition: PartitionId,
-        lsn: Lsn,
-        at_ms: u64,
-        event: &[u8],
-    ) -> io::Result<()> {
-        if !self.slowed {
-            self.slowed = true;
-            std::thread::sleep(Duration::from_millis(300));
-        }
-        self.inner.apply(partition, lsn, at_ms, event)
-    }
-
-    fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
-        self.inner.write_snapshot(out)
-    }
-
-    fn restore(&mut self, input: &mut dyn io::Read, positions: &[Lsn]) -> io::Result<()> {
-        self.inner.restore(input, positions)
-    }
-}
-
 #[test]
 fn a_read_model_that_cannot_read_what_its_feed_dropped_tries_again() {
     const ADDS: u64 = 40;
@@ -86,9 +57,18 @@ fn a_read_model_that_cannot_read_what_its_feed_dropped_tries_again() {
     });
     let totals = Arc::new(RwLock::new(Totals::default()));
     let mut spec = spate_tally::module().spec;
-    spec.projection = Some(Box::new(SlowAtFirst {
+    // Slow at its first event, so that the feed of one group commit fills behind it.
+    let mut slowed = false;
+    spec.projection = Some(Box::new(support::TotalsWith {
         inner: TotalsProjection::new(totals.clone()),
-        slowed: false,
+        before_each: move || {
+            if !slowed {
+                slowed = true;
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            Ok(())
+        },
+        requests_wait: false,
     }));
     let engine =
         Engine::start_on(logs.clone(), config, vec![spec], &mut Registry::default()).unwrap();

@@ -4,43 +4,11 @@
 
 mod support;
 
-use spate_engine::{Lsn, PartitionId, Projection};
 use spate_tally::{APP_ID, Command, TotalsProjection};
-use std::io;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 const PASS_INTERVAL: Duration = Duration::from_secs(3);
-
-/// tally's totals, saying whether requests wait for them as the test asks.
-struct Totals {
-    inner: TotalsProjection,
-    requests_wait: bool,
-}
-
-impl Projection for Totals {
-    fn apply(
-        &mut self,
-        partition: PartitionId,
-        lsn: Lsn,
-        at_ms: u64,
-        event: &[u8],
-    ) -> io::Result<()> {
-        self.inner.apply(partition, lsn, at_ms, event)
-    }
-
-    fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
-        self.inner.write_snapshot(out)
-    }
-
-    fn restore(&mut self, input: &mut dyn io::Read, positions: &[Lsn]) -> io::Result<()> {
-        self.inner.restore(input, positions)
-    }
-
-    fn requests_wait(&self) -> bool {
-        self.requests_wait
-    }
-}
 
 /// Submits two adds on one partition, the second once the read model shows the first, and returns how
 /// long after the read model showed the first it showed the second. The pass that applied the first
@@ -49,8 +17,9 @@ impl Projection for Totals {
 fn second_add_shown_after_first(requests_wait: bool) -> Duration {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = spate_tally::module().spec;
-    spec.projection = Some(Box::new(Totals {
+    spec.projection = Some(Box::new(support::TotalsWith {
         inner: TotalsProjection::new(Arc::new(RwLock::new(Default::default()))),
+        before_each: || Ok(()),
         requests_wait,
     }));
     let (engine, runtime) = support::start(dir.path(), 1, spec, |config| {

@@ -4,55 +4,30 @@
 
 mod support;
 
-use spate_engine::{Lsn, PartitionId, Projection};
 use spate_tally::{APP_ID, Command, TotalsProjection};
 use std::io;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-/// tally's totals, refusing the `refuse_at`-th event it is given, as a read model does with an event
-/// it cannot read.
-struct RefusesAnEvent {
-    inner: TotalsProjection,
-    seen: u32,
-    refuse_at: u32,
-}
-
-impl Projection for RefusesAnEvent {
-    fn apply(
-        &mut self,
-        partition: PartitionId,
-        lsn: Lsn,
-        at_ms: u64,
-        event: &[u8],
-    ) -> io::Result<()> {
-        self.seen += 1;
-        if self.seen == self.refuse_at {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "an event of a newer kind",
-            ));
-        }
-        self.inner.apply(partition, lsn, at_ms, event)
-    }
-
-    fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
-        self.inner.write_snapshot(out)
-    }
-
-    fn restore(&mut self, input: &mut dyn io::Read, positions: &[Lsn]) -> io::Result<()> {
-        self.inner.restore(input, positions)
-    }
-}
-
 #[test]
 fn a_read_model_that_cannot_apply_an_event_stops_and_health_names_it() {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = spate_tally::module().spec;
-    spec.projection = Some(Box::new(RefusesAnEvent {
+    // Refuses the second event it is given, as a read model does with an event it cannot read.
+    let mut seen = 0;
+    spec.projection = Some(Box::new(support::TotalsWith {
         inner: TotalsProjection::new(Arc::new(RwLock::new(Default::default()))),
-        seen: 0,
-        refuse_at: 2,
+        before_each: move || {
+            seen += 1;
+            if seen == 2 {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "an event of a newer kind",
+                ));
+            }
+            Ok(())
+        },
+        requests_wait: false,
     }));
     // One partition: every add below goes to partition 0.
     let (engine, runtime) = support::start(dir.path(), 1, spec, |_| {});
