@@ -316,14 +316,11 @@ impl ProjectionRuntime {
         while let Ok(feed) = feeds.try_recv() {
             self.apply_feed(&feed);
         }
-        let all_read: Vec<bool> = (0..self.partitions.len())
-            .map(|partition| self.read_dropped(partition as PartitionId))
-            .collect();
-        for ((next, fed), all_read) in self.next.iter_mut().zip(fed).zip(all_read) {
+        for (index, fed) in fed.into_iter().enumerate() {
             // Not past records of this app left unread.
-            if all_read && fed > *next {
-                self.passed_since_checkpoint += fed - *next;
-                *next = fed;
+            if self.read_dropped(index as PartitionId) && fed > self.next[index] {
+                self.passed_since_checkpoint += fed - self.next[index];
+                self.next[index] = fed;
             }
         }
     }
