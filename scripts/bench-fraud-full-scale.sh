@@ -16,7 +16,9 @@
 # With AB=BINARY_B the same data directory is then started ROUNDS (default 2) more times by each binary
 # in turn, BINARY_B first, each start timed until it serves (with the process's user and system CPU
 # seconds) and then killed with kill -9: one state restarted by two binaries back to back. COLD=1
-# drops the page cache before each of those starts (needs root: checked before anything runs).
+# drops the page cache before each of those starts (needs root: checked before anything runs);
+# WAIT_S=N waits N seconds after each kill first (this VM hands a killed server's memory back to its
+# host within seconds, and a restart then faults it all in again).
 # With RATE=R the COUNT transactions come from a source paced at R/s (`spate fraud gen --serve --rate`)
 # through `spate fraud pull`, as the case study's did, instead of as fast as the server takes them: a
 # restart after a steady stream, whose snapshots keep falling due, rather than after a burst.
@@ -122,6 +124,7 @@ if [ -n "${AB:-}" ]; then
         for bin in "$AB" "$binary_a"; do
             kill -9 "$pid"
             wait "$pid" 2>/dev/null || true
+            sleep "${WAIT_S:-0}"
             if [ "${COLD:-0}" = 1 ]; then
                 sync
                 echo 3 >/proc/sys/vm/drop_caches
