@@ -10,6 +10,8 @@
 #   scripts/kafka.sh bootstrap DIR           print the bootstrap servers
 #   scripts/kafka.sh topics DIR ARGS...      Kafka's topic tool against the cluster, e.g.
 #                                            `topics DIR --describe --topic spate-journal`
+#   scripts/kafka.sh configs DIR ARGS...     Kafka's config tool, e.g. `configs DIR --alter --entity-type
+#                                            topics --entity-name T --add-config max.message.bytes=64`
 #   scripts/kafka.sh fetch                   only download the jars
 #
 # Node N listens on PORT_BASE+N-1 (clients) and PORT_BASE+100+N-1 (controllers); PORT_BASE defaults to
@@ -194,12 +196,14 @@ start-node)
 	;;
 stop) stop "${2:?usage: kafka.sh stop DIR}" ;;
 bootstrap) bootstrap "${2:?usage: kafka.sh bootstrap DIR}" ;;
-topics)
-	dir=${2:?usage: kafka.sh topics DIR ARGS...}
+topics | configs)
+	dir=${2:?usage: kafka.sh $command DIR ARGS...}
 	shift 2
 	fetch
+	class=org.apache.kafka.tools.TopicCommand
+	[[ $command == configs ]] && class=kafka.admin.ConfigCommand
 	java -cp "$CACHE/libs/*" -Dlog4j2.configurationFile="$dir/node1/log4j2.properties" \
-		org.apache.kafka.tools.TopicCommand --bootstrap-server "$(bootstrap "$dir")" "$@"
+		"$class" --bootstrap-server "$(bootstrap "$dir")" "$@"
 	;;
-*) die "usage: kafka.sh start DIR [PORT_BASE] | stop DIR | start-node DIR N | bootstrap DIR | topics DIR ARGS... | fetch" ;;
+*) die "usage: kafka.sh start DIR [PORT_BASE] | stop DIR | start-node DIR N | bootstrap DIR | topics DIR ARGS... | configs DIR ARGS... | fetch" ;;
 esac

@@ -1123,15 +1123,21 @@ impl EngineHandle {
         }
     }
 
+    /// The partitions applied here whose journal failed: they refuse commands and reads.
+    pub fn failed_partitions(&self) -> Vec<PartitionId> {
+        let inner = &self.inner;
+        (0..inner.partition_count)
+            .filter(|&p| {
+                inner.is_here(p) && inner.shared[usize::from(p)].failed.load(Ordering::Acquire)
+            })
+            .collect()
+    }
+
     pub fn health(&self) -> Health {
         let inner = &self.inner;
         Health {
             partitions: inner.partition_count,
-            failed_partitions: (0..inner.partition_count)
-                .filter(|&p| {
-                    inner.is_here(p) && inner.shared[usize::from(p)].failed.load(Ordering::Acquire)
-                })
-                .collect(),
+            failed_partitions: self.failed_partitions(),
             queue_depth: inner
                 .slots
                 .iter()

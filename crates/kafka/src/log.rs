@@ -29,7 +29,7 @@ const CHUNK_BYTES_MAX: usize = MESSAGE_BYTES_MAX - 64 * 1024;
 /// and a read starts at most this far before the LSN it wants.
 const INDEX_STRIDE_BYTES: u64 = 1024 * 1024;
 /// A read that gets nothing from Kafka for this long gives up (the partition's leader is gone and no
-/// other broker took over).
+/// other broker took over, or a transaction left open holds back what it may read).
 const READ_STALL_MAX: Duration = Duration::from_secs(60);
 
 /// How often the writer looks whether librdkafka has let go of a delivered record (microseconds after its
@@ -557,16 +557,24 @@ fn first_lsn(config: &KafkaConfig, partition: PartitionId) -> Result<Lsn, Journa
 
 /// Reads from `start` to the end, noting records in the index: the first LSN seen (if any) and the LSN
 /// after the last record.
+///
+/// The end is the partition's high watermark when the scan begins, after `init_transactions` fenced
+/// every earlier owner: every acknowledged group commit lies below it. Kafka's end-of-partition
+/// signal is not enough on its own: it comes at the end a broker knows of, and a leader elected a
+/// moment ago may not yet know the old leader's; so does an end held back by a transaction another
+/// producer left open. Either way the scan reads on, and gives up only when nothing comes for
+/// [`READ_STALL_MAX`].
 fn scan_from(
     config: &KafkaConfig,
     partition: PartitionId,
     index: &Mutex<OffsetIndex>,
     start: Offset,
 ) -> Result<(Option<Lsn>, Lsn), JournalError> {
+    let (low_watermark, high_watermark) = watermarks(config, partition)?;
     let consumer = reader(config, partition, start)?;
     let mut first_lsn = None;
     let mut next_lsn = 0;
-    each_record(&consumer, partition, |key, offset, frames| {
+    let mut note = |key: RecordKey, offset: i64, frames: &[u8]| {
         // The first record read may start anywhere; each later one where the one before ended.
         if first_lsn.is_some() && key.first_lsn != next_lsn {
             return Err(format!(
@@ -581,8 +589,67 @@ fn scan_from(
             .expect("no panics while held")
             .note(key.first_lsn, offset, frames.len());
         Ok(Continue::Yes)
-    })?;
-    Ok((first_lsn, next_lsn))
+    };
+    loop {
+        each_record(&consumer, partition, &mut note)?;
+        let reached = position(&consumer, config, partition)?.unwrap_or(low_watermark);
+        if reached >= high_watermark {
+            return Ok((first_lsn, next_lsn));
+        }
+        tracing::warn!(
+            partition,
+            reached,
+            high_watermark,
+            "Kafka reported the end of the partition below its high watermark at takeover; reading on"
+        );
+    }
+}
+
+/// The partition's (low, high) watermarks. A leader elected moments ago whose high watermark may lag
+/// the old leader's answers OFFSET_NOT_AVAILABLE (KIP-207): asked again until it knows.
+fn watermarks(config: &KafkaConfig, partition: PartitionId) -> Result<(i64, i64), JournalError> {
+    let consumer: BaseConsumer = config
+        .client()
+        .set("group.id", format!("spate.{}.reader", config.topic))
+        // Records of open transactions count: the end is every record the partition holds.
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .map_err(|e| replicated(partition, "creating a reader", e))?;
+    let deadline = Instant::now() + config.connect_timeout;
+    loop {
+        match consumer.fetch_watermarks(&config.topic, i32::from(partition), config.connect_timeout)
+        {
+            Ok(watermarks) => return Ok(watermarks),
+            Err(error)
+                if Instant::now() < deadline
+                    && (is_transient(&error)
+                        || error.rdkafka_error_code()
+                            == Some(RDKafkaErrorCode::OffsetNotAvailable)) =>
+            {
+                tracing::debug!(partition, %error, "the partition's end is not known yet; asking again");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(error) => return Err(replicated(partition, "reading the log's end", error)),
+        }
+    }
+}
+
+/// The offset after the last record or transaction marker `consumer` has read of `partition`, if it
+/// has read any.
+fn position(
+    consumer: &Reader,
+    config: &KafkaConfig,
+    partition: PartitionId,
+) -> Result<Option<i64>, JournalError> {
+    let positions = consumer
+        .position()
+        .map_err(|e| replicated(partition, "reading the reader's position", e))?;
+    Ok(positions
+        .find_partition(&config.topic, i32::from(partition))
+        .and_then(|element| match element.offset() {
+            Offset::Offset(offset) => Some(offset),
+            _ => None,
+        }))
 }
 
 /// Calls `visit` with every record `from..until` of `partition`, checking that LSNs follow on.
@@ -689,7 +756,7 @@ fn each_record(
                     return Err(replicated(
                         partition,
                         "reading the log",
-                        format!("no answer from Kafka for {} s", READ_STALL_MAX.as_secs()),
+                        format!("nothing new from Kafka for {} s", READ_STALL_MAX.as_secs()),
                     ));
                 }
             }

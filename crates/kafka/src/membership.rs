@@ -20,7 +20,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::{ClientContext, TopicPartitionList};
 use spate_engine::cluster::{ClusterStatus, Directory, Membership, NodeStatus};
 use spate_engine::{EngineHandle, PartitionId};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -34,6 +34,8 @@ const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 const DIRECTORY_REFRESH: Duration = Duration::from_millis(500);
 /// How often a node compares its leases with the partitions it applies (and retries a failed start).
 const RECONCILE_INTERVAL: Duration = Duration::from_millis(100);
+/// How long a node waits before it stops a partition whose log failed again, to take it over again.
+const FAILED_LOG_RETRY_INTERVAL: Duration = Duration::from_secs(5);
 /// How long after asking for the group's description a node may answer reads, from its own state, of
 /// the partitions the description shows it holding. Another node gets one of them only once this node
 /// gives it up (which stops it here first) or its session times out: `SESSION_TIMEOUT` after the last
@@ -155,6 +157,12 @@ impl KafkaMembership {
                 Box::new(move || crate::follow::run(&view.config, &view.indexes, &engine, &stop)),
             )?);
         }
+        let describer: BaseConsumer = self.view.config.client().create()?;
+        let (view, stopping, leases_for) = (self.view.clone(), stop.clone(), engine.clone());
+        threads.push(spawn(
+            "cluster-directory",
+            Box::new(move || view.refresh(&describer, &leases_for, &stopping)),
+        )?);
         let (view, stopping) = (self.view.clone(), stop.clone());
         threads.push(spawn(
             "cluster-membership",
@@ -182,7 +190,7 @@ impl Membership for Joined {
 }
 
 impl GroupView {
-    fn describe(&self, consumer: &BaseConsumer<impl ConsumerContext>) -> Result<(), String> {
+    fn describe(&self, consumer: &BaseConsumer) -> Result<(), String> {
         let groups = consumer
             .fetch_group_list(Some(&self.group), Duration::from_secs(5))
             .map_err(|e| e.to_string())?;
@@ -252,25 +260,34 @@ impl GroupView {
     }
 
     fn run(&self, consumer: BaseConsumer<LeaseContext>, engine: EngineHandle, stop: &AtomicBool) {
-        let mut described_at = Instant::now() - DIRECTORY_REFRESH;
+        let mut failed_logs = FailedLogs::default();
         while !stop.load(Ordering::Acquire) {
             // Revocations run inside poll (`LeaseContext::pre_rebalance`), before the lease moves on.
             if let Some(Err(error)) = consumer.poll(RECONCILE_INTERVAL) {
                 tracing::warn!(%error, "cluster membership");
             }
+            failed_logs.stop_to_start_again(&engine);
             self.start_leased(&consumer, &engine);
-            if described_at.elapsed() >= DIRECTORY_REFRESH {
-                described_at = Instant::now();
-                match self.describe(&consumer) {
-                    Ok(()) => self.extend_read_leases(&engine, described_at),
-                    Err(error) => tracing::debug!(%error, "describing the cluster"),
-                }
-            }
         }
         // Stop applying before leaving, so that the next owner's start does not have to fence us.
         stop_partitions(&engine, &engine.local_partitions());
         drop(consumer);
         tracing::info!(node_id = self.node.node_id, "left the cluster");
+    }
+
+    /// Reads the group's description every [`DIRECTORY_REFRESH`] and extends the read leases of the
+    /// partitions it shows this node holding. A thread of its own: taking a partition over (reading its
+    /// log, recovering its state) can take seconds, and holds up neither the directory nor the read
+    /// leases of the partitions this node already applies.
+    fn refresh(&self, consumer: &BaseConsumer, engine: &EngineHandle, stop: &AtomicBool) {
+        while !stop.load(Ordering::Acquire) {
+            let asked_at = Instant::now();
+            match self.describe(consumer) {
+                Ok(()) => self.extend_read_leases(engine, asked_at),
+                Err(error) => tracing::debug!(%error, "describing the cluster"),
+            }
+            std::thread::sleep(DIRECTORY_REFRESH.saturating_sub(asked_at.elapsed()));
+        }
     }
 
     /// Lets the partitions the group's description, asked for at `asked_at`, shows this node holding
@@ -316,6 +333,37 @@ impl GroupView {
                 });
             }
         });
+    }
+}
+
+/// When this node last stopped each partition whose log had failed, to take it over again.
+#[derive(Default)]
+struct FailedLogs {
+    stopped_at: BTreeMap<PartitionId, Instant>,
+}
+
+impl FailedLogs {
+    /// Stops every partition applied here whose log failed (a commit refused or timed out: Kafka
+    /// unreachable, `min.insync.replicas` unmet), at most once per [`FAILED_LOG_RETRY_INTERVAL`] each,
+    /// so that `start_leased` takes it over again: a new producer fences the failed one, and the state
+    /// is recovered from the log, without what the failed commits applied. Without this, the partition
+    /// would answer 503 for as long as this node holds its lease, long after Kafka came back.
+    fn stop_to_start_again(&mut self, engine: &EngineHandle) {
+        for partition in engine.failed_partitions() {
+            if self
+                .stopped_at
+                .get(&partition)
+                .is_some_and(|at| at.elapsed() < FAILED_LOG_RETRY_INTERVAL)
+            {
+                continue;
+            }
+            self.stopped_at.insert(partition, Instant::now());
+            tracing::warn!(
+                partition,
+                "the partition's log failed; stopping it to take it over again"
+            );
+            stop_partitions(engine, &[partition]);
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! spate with its journal on a real 3-broker Kafka cluster (`scripts/kafka.sh`), under kill -9 of the
-//! spate process, loss of its whole data directory, kill -9 of a broker, and a paused old owner.
+//! spate process, loss of its whole data directory, kill -9 of a broker, a paused old owner, a
+//! transaction another producer left open, and commits failing while too few brokers are in sync.
 //!
 //! One cluster serves every scenario (it takes about 10 s and over 1 GiB to start), so they run in order
 //! inside one test, each on a topic of its own.
@@ -9,6 +10,7 @@ mod support;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use serde_json::json;
 use spate_fraud::history::ENTRIES_PER_CARD_DEFAULT;
 use spate_fraud::record::Txn;
@@ -87,6 +89,16 @@ impl Cluster {
         let mut all = vec!["topics", path(self.dir.path())];
         all.extend_from_slice(args);
         kafka_sh(&all)
+    }
+
+    /// Sets `setting=value` on `topic`.
+    fn set_topic_config(&self, topic: &str, setting: &str, value: &str) {
+        let pair = format!("{setting}={value}");
+        let args = ["--alter", "--entity-type", "topics", "--entity-name", topic];
+        let mut all = vec!["configs", path(self.dir.path())];
+        all.extend_from_slice(&args);
+        all.extend(["--add-config", &pair]);
+        kafka_sh(&all);
     }
 
     /// `spate serve` arguments for a node running `apps` on `topic`.
@@ -215,7 +227,7 @@ fn kafka_cluster_keeps_every_acknowledged_command() {
     let cluster = Cluster::start();
     let seed = seed();
     eprintln!("kafka test seed {seed} (rerun with SPATE_CRASH_SEED={seed})");
-    let scenarios: [(&str, &dyn Fn()); 9] = [
+    let scenarios: [(&str, &dyn Fn()); 11] = [
         ("mixed load: kill -9 of a node", &|| {
             mixed_load_survives_a_lost_node(&cluster, seed)
         }),
@@ -232,6 +244,12 @@ fn kafka_cluster_keeps_every_acknowledged_command() {
         ("lost broker", &|| lost_broker(&cluster, seed)),
         ("paused owner is fenced", &|| {
             paused_owner_is_fenced(&cluster)
+        }),
+        ("a transaction left open holds back the log's end", &|| {
+            takeover_reads_past_a_transaction_left_open(&cluster)
+        }),
+        ("a failed log is taken over again", &|| {
+            failed_log_is_taken_over_again(&cluster)
         }),
         ("card numbers never reach Kafka", &|| {
             card_numbers_never_reach_kafka(&cluster)
@@ -1293,6 +1311,176 @@ fn paused_owner_is_fenced(cluster: &Cluster) {
     let reader_dir = tempfile::tempdir().unwrap();
     let reader = Server::start(reader_dir.path(), &args, None);
     assert_eq!(tags(&reader.base), vec![1, 2, 6]);
+}
+
+/// A new owner reads its partition's log to the end Kafka holds when it takes over, not to the first
+/// end-of-partition Kafka reports. A `read_committed` reader sees nothing past a transaction still
+/// open, so another producer's open transaction (here) or a new partition leader that does not yet
+/// know the old one's high watermark makes Kafka report an end below acknowledged group commits.
+/// Taken as the log's end, the new owner would lose them and write new records under their LSNs.
+/// While one partition's takeover waits, the node answers reads of the partitions it took already.
+fn takeover_reads_past_a_transaction_left_open(cluster: &Cluster) {
+    const TOPIC: &str = "held-open";
+    let args = cluster.serve_args(TOPIC, "2", "tally");
+    let places = NodePlaces::new(2);
+    // An account on each partition; the transaction is left open on partition 1.
+    let on_partition = |partition: u16| {
+        (0..)
+            .map(|i| format!("held{i}"))
+            .find(|name| spate_engine::partition_of(name.as_bytes(), 2) == partition)
+            .expect("an account on every partition")
+    };
+    let (free, held) = (on_partition(0), on_partition(1));
+    let agent = agent();
+    let add = |base: &str, account: &str, tag: u64| {
+        let url = format!("{base}/tally/accounts/{account}/entries");
+        let body = json!({"amount": 1, "tag": tag});
+        let key = format!("{account}-{tag}");
+        support::eventually(Duration::from_secs(30), || {
+            matches!(post(&agent, &url, Some(&key), &body), Ok((201, _)))
+        })
+    };
+    let tags = |base: &str, account: &str| -> Vec<u64> {
+        let url = format!("{base}/tally/accounts/{account}");
+        let (status, body) = support::get(&agent, &url);
+        if status != 200 {
+            return Vec::new();
+        }
+        let mut tags: Vec<u64> = body["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .map(|entry| entry["tag"].as_u64().expect("a tag"))
+            .collect();
+        tags.sort_unstable();
+        tags
+    };
+    let old = places.start(cluster, 0, &args);
+    for account in [&free, &held] {
+        assert!(
+            add(&old.base, account, 1),
+            "no add acknowledged on {account}"
+        );
+    }
+    let other = open_a_transaction(&cluster.bootstrap, TOPIC, 1);
+    for tag in 2..6 {
+        for account in [&free, &held] {
+            assert!(add(&old.base, account, tag), "add {tag} on {account}");
+        }
+    }
+    old.kill9();
+    let new = places.start(cluster, 1, &args);
+    let all = vec![1, 2, 3, 4, 5];
+    let free_read = support::eventually(Duration::from_secs(40), || tags(&new.base, &free) == all);
+    assert!(
+        free_read,
+        "{free} not read from the new owner while the other partition's takeover waited: {:?}",
+        tags(&new.base, &free)
+    );
+    other
+        .abort_transaction(Duration::from_secs(30))
+        .expect("the other producer's transaction aborted");
+    let held_read = support::eventually(Duration::from_secs(40), || {
+        !tags(&new.base, &held).is_empty()
+    });
+    assert!(held_read, "{held} not read from the new owner");
+    assert_eq!(
+        tags(&new.base, &held),
+        all,
+        "acknowledged adds lost at takeover"
+    );
+}
+
+/// A cluster node whose partition's log failed (its commits time out: fewer brokers in sync than the
+/// topic's `min.insync.replicas`, as when two of three brokers are lost for longer than a commit may
+/// take) answers 503 while it fails, and takes the partition over again by itself once Kafka accepts
+/// records: no restart, and exactly the acknowledged adds in the log.
+fn failed_log_is_taken_over_again(cluster: &Cluster) {
+    const TOPIC: &str = "refused-records";
+    let mut args = cluster.serve_args(TOPIC, "1", "tally");
+    args.extend(["--kafka-timeout-s", "5"]);
+    let places = NodePlaces::new(1);
+    let node = places.start(cluster, 0, &args);
+    let agent = agent();
+    let url = format!("{}/tally/accounts/r/entries", node.base);
+    let add = |tag: u64| {
+        let body = json!({"amount": 1, "tag": tag});
+        post(&agent, &url, Some(&format!("r{tag}")), &body)
+            .expect("an HTTP answer")
+            .0
+    };
+    let mut acknowledged = Vec::new();
+    let mut tag = 0;
+    let mut answered_until = |wanted: u16, acknowledged: &mut Vec<u64>| {
+        support::eventually(Duration::from_secs(40), || {
+            tag += 1;
+            let status = add(tag);
+            if status == 201 {
+                acknowledged.push(tag);
+            }
+            status == wanted
+        })
+    };
+    assert!(
+        answered_until(201, &mut acknowledged),
+        "no add acknowledged"
+    );
+    // Every broker must have each record, and one is lost.
+    let all_replicas = spate_kafka::REPLICATION_FACTOR.to_string();
+    cluster.set_topic_config(TOPIC, "min.insync.replicas", &all_replicas);
+    cluster.kill_broker(3);
+    assert!(
+        answered_until(503, &mut acknowledged),
+        "adds still acknowledged with fewer brokers in sync than the topic requires"
+    );
+    let required = spate_kafka::MIN_INSYNC_REPLICAS.to_string();
+    cluster.set_topic_config(TOPIC, "min.insync.replicas", &required);
+    assert!(
+        answered_until(201, &mut acknowledged),
+        "the node did not take its failed partition over again within 40 s"
+    );
+    let url = format!("{}/tally/accounts/r", node.base);
+    let (status, body) = support::retry_while_moving(|| support::get(&agent, &url));
+    assert_eq!(status, 200, "{body}");
+    let mut tags: Vec<u64> = body["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|entry| entry["tag"].as_u64().expect("a tag"))
+        .collect();
+    tags.sort_unstable();
+    assert_eq!(
+        tags, acknowledged,
+        "the log holds other adds than those acknowledged"
+    );
+    cluster.start_broker(3);
+}
+
+/// A producer that is not spate's with a transaction open on `partition` of `topic`: one record sent
+/// and acknowledged, neither committed nor aborted.
+fn open_a_transaction(bootstrap: &str, topic: &str, partition: i32) -> BaseProducer {
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("transactional.id", format!("{topic}.another-producer"))
+        // Open for as long as the test needs it, and no longer if the test fails.
+        .set("transaction.timeout.ms", "120000")
+        .create()
+        .expect("a producer");
+    let timeout = Duration::from_secs(30);
+    producer
+        .init_transactions(timeout)
+        .expect("init_transactions");
+    producer.begin_transaction().expect("a transaction");
+    let record = BaseRecord::to(topic)
+        .partition(partition)
+        .key(&b"not spate's"[..])
+        .payload(&b"left open"[..]);
+    producer
+        .send(record)
+        .map_err(|(error, _)| error)
+        .expect("sent");
+    producer.flush(timeout).expect("acknowledged");
+    producer
 }
 
 /// The fraud app's records and snapshots on Kafka are sealed like its files: no broker file (log
