@@ -1123,6 +1123,15 @@ impl EngineHandle {
         }
     }
 
+    /// True while `partition`'s read lease lasts: the group's description showed this node holding it
+    /// less than the lease's length ago.
+    pub fn holds_read_lease(&self, partition: PartitionId) -> bool {
+        self.inner
+            .shared
+            .get(usize::from(partition))
+            .is_some_and(|shared| shared.read_lease.holds_at(Instant::now()))
+    }
+
     /// The partitions applied here whose journal failed: they refuse commands and reads.
     pub fn failed_partitions(&self) -> Vec<PartitionId> {
         let inner = &self.inner;

@@ -348,13 +348,18 @@ impl FailedLogs {
     /// so that `start_leased` takes it over again: a new producer fences the failed one, and the state
     /// is recovered from the log, without what the failed commits applied. Without this, the partition
     /// would answer 503 for as long as this node holds its lease, long after Kafka came back.
+    ///
+    /// Only while the partition's read lease lasts, that is while the group's latest description shows
+    /// this node holding it: a node whose log failed because another node took the partition over
+    /// (this one paused or cut off past its session) may still see the lease in its own assignment
+    /// until it hears from the coordinator, and starting again then would fence the new owner.
     fn stop_to_start_again(&mut self, engine: &EngineHandle) {
         for partition in engine.failed_partitions() {
-            if self
+            let tried_lately = self
                 .stopped_at
                 .get(&partition)
-                .is_some_and(|at| at.elapsed() < FAILED_LOG_RETRY_INTERVAL)
-            {
+                .is_some_and(|at| at.elapsed() < FAILED_LOG_RETRY_INTERVAL);
+            if tried_lately || !engine.holds_read_lease(partition) {
                 continue;
             }
             self.stopped_at.insert(partition, Instant::now());
