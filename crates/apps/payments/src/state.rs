@@ -61,6 +61,27 @@ pub struct Detail {
     pub masked: String,
 }
 
+/// Why a batch's details cannot be read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum DetailsError<E> {
+    /// The archive failed to answer.
+    Archive(E),
+    /// A payment the batch names is neither in memory nor in the archive: the archive's store lost it.
+    PaymentMissing { batch: u64, payment: PaymentId },
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for DetailsError<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Archive(error) => write!(f, "the archive failed: {error}"),
+            Self::PaymentMissing { batch, payment } => write!(
+                f,
+                "batch {batch} names payment {payment}, found neither in memory nor in the archive"
+            ),
+        }
+    }
+}
+
 /// What the app asks a partition wherever it is applied ([`StateMachine::read`], postcard bytes):
 /// settlement runs on one node and the list shows payments of every partition, which in a cluster live
 /// on several nodes. New variants go last: nodes of two versions may ask each other.
@@ -252,13 +273,15 @@ impl PaymentsState {
         offset: usize,
         limit: usize,
         get: impl Fn(&[u8]) -> Result<Option<Vec<u8>>, E>,
-    ) -> Result<(Vec<Detail>, usize), E> {
+    ) -> Result<(Vec<Detail>, usize), DetailsError<E>> {
         let Some(batch_here) = self.ledger.batches.get(&batch) else {
             return Ok((Vec::new(), 0));
         };
         let closed;
         let captures = if batch_here.captures.is_empty() {
-            closed = get(&batch_key(batch))?.map_or_else(Vec::new, |bytes| decode_batch(&bytes));
+            closed = get(&batch_key(batch))
+                .map_err(DetailsError::Archive)?
+                .map_or_else(Vec::new, |bytes| decode_batch(&bytes));
             &closed
         } else {
             &batch_here.captures
@@ -270,8 +293,12 @@ impl PaymentsState {
             let payment = match self.payment(&capture.payment) {
                 Some(payment) => payment,
                 None => {
-                    archived = (latest_archived(&capture.payment, &get)?)
-                        .expect("a batch names known payments")
+                    archived = latest_archived(&capture.payment, &get)
+                        .map_err(DetailsError::Archive)?
+                        .ok_or_else(|| DetailsError::PaymentMissing {
+                            batch,
+                            payment: capture.payment,
+                        })?
                         .1;
                     &archived
                 }
@@ -905,7 +932,7 @@ impl StateMachine for PaymentsState {
                     }),
                     Err(error) => {
                         // An empty answer: the settler reports the batch unreadable.
-                        tracing::error!(%error, batch, "settlement details: the archive failed");
+                        tracing::error!(%error, batch, "settlement details unreadable");
                         Vec::new()
                     }
                 }

@@ -544,6 +544,17 @@ fn final_payments_leave_memory_and_are_still_found_refunded_and_settled() {
         "closed: archived"
     );
     assert_eq!(details(&s, &archive), before_close);
+    // An archive that lost what the batch names: an error, not a panic of the partition thread.
+    let mut lost = archive.stored.clone();
+    lost.retain(|key, _| key.as_slice() == &batch_key(batch)[..]);
+    let from_lost = |key: &[u8]| Ok::<_, ()>(lost.get(key).cloned());
+    assert_eq!(
+        s.batch_details(batch, 0, 10, from_lost),
+        Err(DetailsError::PaymentMissing {
+            batch,
+            payment: id(1)
+        })
+    );
     assert!(matches!(
         archive.run(&mut s, assign, batch),
         Reply::Refused(Refusal::Malformed(_))
