@@ -8,6 +8,8 @@
 #
 #   scripts/bench-takeover.sh [OUT] [LOAD_S] [ROUNDS] [SCENARIO]
 #   e.g. scripts/bench-takeover.sh /tmp/takeover 60 3 "fraud http"
+#
+# AB=BIN times BIN's starts beside this build's, on the same history, in each round (this build first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench-results/takeover}
@@ -32,10 +34,10 @@ head -c 32 /dev/urandom >"$dir/fraud.key"
 topic="takeover-$$"
 port=$((18900 + RANDOM % 800))
 ready_s=""
-start_node() { # DATA_DIR LOG: starts a node; ready_s is the seconds until it listened
+start_node() { # DATA_DIR LOG [BIN]: starts a node; ready_s is the seconds until it listened
 	local started ready
 	started=$(date +%s.%N)
-	"$spate" serve --kafka "$bootstrap" --kafka-topic "$topic" --listen "127.0.0.1:$port" \
+	"${3:-$spate}" serve --kafka "$bootstrap" --kafka-topic "$topic" --listen "127.0.0.1:$port" \
 		--data-dir "$1" --partitions 2 --apps tally,ski,ledger,fraud --fraud-key-file "$dir/fraud.key" \
 		--fraud-stream-listen off >"$2.out" 2>"$2" &
 	pid=$!
@@ -55,14 +57,24 @@ grep -m1 achieved "$out/history-load.txt" || true
 stop_node
 du -sh "$dir/history/partitions"/*/snapshots | sed 's/^/snapshot: /'
 
-for round in $(seq 1 "$rounds"); do
-	start_node "$dir/with-$round" "$out/with-$round.log"
+time_starts() { # ROUND NAME BIN: a start with the snapshots on Kafka, then one without them
+	start_node "$dir/with-$1$2" "$out/with-$1$2.log" "$3"
 	with=$ready_s
 	stop_node
 	scripts/kafka.sh topics "$dir" --delete --topic "$topic-snapshots" >/dev/null
 	sleep 2
-	start_node "$dir/without-$round" "$out/without-$round.log"
+	start_node "$dir/without-$1$2" "$out/without-$1$2.log" "$3"
 	without=$ready_s
+	# Its clean stop puts a snapshot on Kafka again for the next start.
 	stop_node
-	echo "round $round: serving after ${with} s with the snapshots on Kafka, ${without} s replaying the whole journal"
+	echo "round $1${2:+ ($2)}: serving after ${with} s with the snapshots on Kafka, ${without} s replaying the whole journal"
+}
+
+for round in $(seq 1 "$rounds"); do
+	if [[ -n ${AB:-} ]]; then
+		time_starts "$round" A "$spate"
+		time_starts "$round" B "$AB"
+	else
+		time_starts "$round" "" "$spate"
+	fi
 done

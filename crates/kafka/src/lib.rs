@@ -98,6 +98,7 @@ pub struct KafkaLogStore {
     /// Per partition, the offsets of some records by LSN, shared by its writer and by readers.
     indexes: Vec<Arc<Mutex<log::OffsetIndex>>>,
     snapshots: Arc<snapshots::Uploader>,
+    ends: log::LogEnds,
 }
 
 impl KafkaLogStore {
@@ -108,6 +109,7 @@ impl KafkaLogStore {
         let snapshots = snapshots::Uploader::start(&config, partition_count)?;
         Ok(Self {
             snapshots,
+            ends: log::LogEnds::new(&config)?,
             indexes: (0..partition_count)
                 .map(|_| Arc::new(Mutex::new(log::OffsetIndex::default())))
                 .collect(),
@@ -138,6 +140,7 @@ impl LogStore for KafkaLogStore {
             partition,
             index,
             snapshots,
+            &self.ends,
             snapshot_dir,
         )?))
     }

@@ -211,6 +211,7 @@ impl KafkaLog {
         partition: PartitionId,
         index: Arc<Mutex<OffsetIndex>>,
         snapshots: Arc<Uploader>,
+        ends: &LogEnds,
         snapshot_dir: &Path,
     ) -> Result<Self, JournalError> {
         let commit_timeout_ms = config.commit_timeout.as_millis().to_string();
@@ -245,7 +246,7 @@ impl KafkaLog {
         if let Some(start) = crate::snapshots::fetch_newest(config, partition, snapshot_dir) {
             index.lock().expect("no panics while held").learn(start);
         }
-        let (first_lsn, next_lsn) = scan(config, partition, &index)?;
+        let (first_lsn, next_lsn) = scan(config, partition, &index, ends)?;
         tracing::info!(
             partition,
             topic = %config.topic,
@@ -519,7 +520,9 @@ fn scan(
     config: &KafkaConfig,
     partition: PartitionId,
     index: &Mutex<OffsetIndex>,
+    ends: &LogEnds,
 ) -> Result<(Lsn, Lsn), JournalError> {
+    let watermarks = ends.watermarks(config, partition)?;
     let last_entry = index
         .lock()
         .expect("no panics while held")
@@ -527,7 +530,8 @@ fn scan(
         .last()
         .copied();
     if let Some((entry_lsn, offset)) = last_entry {
-        let (first_seen, next_lsn) = scan_from(config, partition, index, Offset::Offset(offset))?;
+        let (first_seen, next_lsn) =
+            scan_from(config, partition, index, Offset::Offset(offset), watermarks)?;
         if first_seen == Some(entry_lsn) {
             return Ok((first_lsn(config, partition)?, next_lsn));
         }
@@ -540,7 +544,7 @@ fn scan(
         );
         *index.lock().expect("no panics while held") = OffsetIndex::default();
     }
-    let (first_lsn, next_lsn) = scan_from(config, partition, index, Offset::Beginning)?;
+    let (first_lsn, next_lsn) = scan_from(config, partition, index, Offset::Beginning, watermarks)?;
     Ok((first_lsn.unwrap_or(0), next_lsn))
 }
 
@@ -558,7 +562,7 @@ fn first_lsn(config: &KafkaConfig, partition: PartitionId) -> Result<Lsn, Journa
 /// Reads from `start` to the end, noting records in the index: the first LSN seen (if any) and the LSN
 /// after the last record.
 ///
-/// The end is the partition's high watermark when the scan begins, after `init_transactions` fenced
+/// The end is the partition's high watermark, which `scan` asks for after `init_transactions` fenced
 /// every earlier owner: every acknowledged group commit lies below it. Kafka's end-of-partition
 /// signal is not enough on its own: it comes at the end a broker knows of, and a leader elected a
 /// moment ago may not yet know the old leader's; so does an end held back by a transaction another
@@ -569,8 +573,8 @@ fn scan_from(
     partition: PartitionId,
     index: &Mutex<OffsetIndex>,
     start: Offset,
+    (low_watermark, high_watermark): (i64, i64),
 ) -> Result<(Option<Lsn>, Lsn), JournalError> {
-    let (low_watermark, high_watermark) = watermarks(config, partition)?;
     let consumer = reader(config, partition, start)?;
     let mut first_lsn = None;
     let mut next_lsn = 0;
@@ -605,31 +609,49 @@ fn scan_from(
     }
 }
 
-/// The partition's (low, high) watermarks. A leader elected moments ago whose high watermark may lag
-/// the old leader's answers OFFSET_NOT_AVAILABLE (KIP-207): asked again until it knows.
-fn watermarks(config: &KafkaConfig, partition: PartitionId) -> Result<(i64, i64), JournalError> {
-    let consumer: BaseConsumer = config
-        .client()
-        .set("group.id", format!("spate.{}.reader", config.topic))
-        // Records of open transactions count: the end is every record the partition holds.
-        .set("isolation.level", "read_uncommitted")
-        .create()
-        .map_err(|e| replicated(partition, "creating a reader", e))?;
-    let deadline = Instant::now() + config.connect_timeout;
-    loop {
-        match consumer.fetch_watermarks(&config.topic, i32::from(partition), config.connect_timeout)
-        {
-            Ok(watermarks) => return Ok(watermarks),
-            Err(error)
-                if Instant::now() < deadline
-                    && (is_transient(&error)
-                        || error.rdkafka_error_code()
-                            == Some(RDKafkaErrorCode::OffsetNotAvailable)) =>
-            {
-                tracing::debug!(partition, %error, "the partition's end is not known yet; asking again");
-                std::thread::sleep(Duration::from_millis(100));
+/// Asks where the journal's partitions end. One client serves every opening: a client's start and
+/// end cost hundreds of milliseconds, a query a round trip.
+pub(crate) struct LogEnds {
+    client: BaseConsumer,
+}
+
+impl LogEnds {
+    pub(crate) fn new(config: &KafkaConfig) -> Result<Self, KafkaError> {
+        let client = config
+            .client()
+            // Records of open transactions count: the end is every record the partition holds.
+            .set("isolation.level", "read_uncommitted")
+            .create()?;
+        Ok(Self { client })
+    }
+
+    /// The partition's (low, high) watermarks. A leader elected moments ago whose high watermark may
+    /// lag the old leader's answers OFFSET_NOT_AVAILABLE (KIP-207): asked again until it knows.
+    fn watermarks(
+        &self,
+        config: &KafkaConfig,
+        partition: PartitionId,
+    ) -> Result<(i64, i64), JournalError> {
+        let deadline = Instant::now() + config.connect_timeout;
+        loop {
+            let asked = self.client.fetch_watermarks(
+                &config.topic,
+                i32::from(partition),
+                config.connect_timeout,
+            );
+            match asked {
+                Ok(watermarks) => return Ok(watermarks),
+                Err(error)
+                    if Instant::now() < deadline
+                        && (is_transient(&error)
+                            || error.rdkafka_error_code()
+                                == Some(RDKafkaErrorCode::OffsetNotAvailable)) =>
+                {
+                    tracing::debug!(partition, %error, "the partition's end is not known yet; asking again");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(error) => return Err(replicated(partition, "reading the log's end", error)),
             }
-            Err(error) => return Err(replicated(partition, "reading the log's end", error)),
         }
     }
 }
