@@ -28,7 +28,7 @@ bootstrap=$(scripts/kafka.sh start "$dir" | tail -n 1)
 # Every node seals and opens card data with the same key, kept outside their data directories.
 head -c 32 /dev/urandom >"$dir/fraud.key"
 # And sign their requests to each other with one secret.
-head -c 32 /dev/urandom >"$dir/cluster.secret"
+head -c 32 /dev/urandom | base64 >"$dir/cluster.secret"
 base_port=$((18100 + RANDOM % 800))
 scenarios=("tally adds" "ski rides" "ledger batch" "fraud http")
 round=0

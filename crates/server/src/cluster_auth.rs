@@ -43,9 +43,14 @@ impl ClusterSecret {
         let key = bytes.strip_suffix(b"\n").unwrap_or(bytes);
         let key = key.strip_suffix(b"\r").unwrap_or(key);
         if key.len() < SECRET_BYTES_MIN {
+            let newline = if key.len() < bytes.len() {
+                ", not counting the newline it ends with"
+            } else {
+                ""
+            };
             return Err(format!(
-                "the cluster secret has {} bytes; it needs at least {SECRET_BYTES_MIN} (for example \
-                 `head -c 32 /dev/urandom > FILE`, the same file on every node)",
+                "the cluster secret has {} bytes{newline}; it needs at least {SECRET_BYTES_MIN} (for \
+                 example `head -c 32 /dev/urandom | base64 > FILE`, the same file on every node)",
                 key.len()
             ));
         }
@@ -245,6 +250,12 @@ mod tests {
             ClusterSecret::new(&[0; 31])
                 .unwrap_err()
                 .contains("at least 32")
+        );
+        // 32 random bytes may end in a newline: refused, saying why.
+        let refused = ClusterSecret::new(&[[5u8; 31].as_slice(), b"\n"].concat()).unwrap_err();
+        assert!(
+            refused.contains("31 bytes, not counting the newline"),
+            "{refused}"
         );
         let with_newline = ClusterSecret::new(&[[5u8; 32].as_slice(), b"\n"].concat()).unwrap();
         let signed = with_newline.sign_at(1, "POST", "/p", b"");

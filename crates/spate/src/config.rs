@@ -235,7 +235,7 @@ pub struct ServeArgs {
     #[arg(long, env = "SPATE_ADVERTISE")]
     advertise: Option<String>,
     /// With --node-id: a file of at least 32 secret bytes, the same on every node; nodes sign their
-    /// requests to each other with it and refuse unsigned ones (`head -c 32 /dev/urandom > FILE`)
+    /// requests to each other with it and refuse unsigned ones (`head -c 32 /dev/urandom | base64 > FILE`)
     #[arg(long, env = "SPATE_CLUSTER_SECRET_FILE")]
     cluster_secret_file: Option<PathBuf>,
     /// ski: accepted ride times, MIN-MAX [default: 1-360]
@@ -674,7 +674,7 @@ impl ServeArgs {
                     (Some(_), None) => bail!(
                         "--node-id needs --cluster-secret-file: nodes accept requests from each \
                          other only when signed with a secret they share (create one with \
-                         `head -c 32 /dev/urandom > FILE` and give every node the same file)"
+                         `head -c 32 /dev/urandom | base64 > FILE` and give every node the same file)"
                     ),
                     (Some(node_id), Some(file)) => Some((
                         node_id,

@@ -36,7 +36,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<String> {
     // The nodes sign their requests to each other with a secret they share.
     let secret_dir = tempfile::tempdir()?;
     let secret_file = secret_dir.path().join("cluster.secret");
-    std::fs::write(&secret_file, rand::random::<[u8; 32]>())?;
+    std::fs::write(
+        &secret_file,
+        base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            rand::random::<[u8; 32]>(),
+        ),
+    )?;
     let secret_file = secret_file
         .to_str()
         .context("a UTF-8 temporary path")?
