@@ -634,6 +634,7 @@ impl Inner {
             .ok_or(StartError::Config("the engine is shutting down".into()))?;
         let (queue_tx, queue_rx) = bounded(starter.queue_capacity);
         self.shared[index].failed.store(false, Ordering::Release);
+        self.metrics[index].partition_starts.inc();
         let (partition_thread, writer_thread) = partition::pair(
             core,
             replayed,

@@ -114,6 +114,7 @@ pub(crate) struct EngineMetrics {
     journal_fsync_seconds: Family<PartitionLabel, Histogram, fn() -> Histogram>,
     journal_batch_records: Family<PartitionLabel, Histogram, fn() -> Histogram>,
     journal_failures: Family<PartitionLabel, Counter>,
+    partition_starts: Family<PartitionLabel, Counter>,
     snapshot_seconds: Family<PartitionLabel, Histogram, fn() -> Histogram>,
     apply_pause_seconds: Family<PauseLabel, Histogram, fn() -> Histogram>,
     apply_pause_max_seconds: Family<PauseLabel, Gauge<f64, AtomicU64>>,
@@ -144,6 +145,7 @@ pub(crate) struct PartitionMetrics {
     pub journal_fsync_seconds: Histogram,
     pub journal_batch_records: Histogram,
     pub journal_failures: Counter,
+    pub partition_starts: Counter,
     pub snapshot_seconds: Histogram,
     pub snapshot_pause: PauseMetric,
     pub journal_pause: PauseMetric,
@@ -163,6 +165,7 @@ impl EngineMetrics {
             journal_fsync_seconds: Family::new_with_constructor(new_fsync_histogram),
             journal_batch_records: Family::new_with_constructor(new_batch_histogram),
             journal_failures: Family::default(),
+            partition_starts: Family::default(),
             snapshot_seconds: Family::new_with_constructor(new_snapshot_histogram),
             apply_pause_seconds: Family::new_with_constructor(new_pause_histogram),
             apply_pause_max_seconds: Family::default(),
@@ -218,6 +221,12 @@ impl EngineMetrics {
             "journal_failures",
             "Journal write or fsync failures (the partition then refuses writes)",
             metrics.journal_failures.clone(),
+        );
+        r.register(
+            "partition_starts",
+            "Times this node started applying the partition: at start-up, taking it over from another \
+             node, or again after its log failed (a cluster node does that by itself)",
+            metrics.partition_starts.clone(),
         );
         r.register(
             "snapshot_seconds",
@@ -368,6 +377,7 @@ impl EngineMetrics {
             journal_fsync_seconds: self.journal_fsync_seconds.get_or_create(&label).clone(),
             journal_batch_records: self.journal_batch_records.get_or_create(&label).clone(),
             journal_failures: self.journal_failures.get_or_create(&label).clone(),
+            partition_starts: self.partition_starts.get_or_create(&label).clone(),
             snapshot_seconds: self.snapshot_seconds.get_or_create(&label).clone(),
             snapshot_pause: self.pause(partition, PauseCause::Snapshot),
             journal_pause: self.pause(partition, PauseCause::Journal),

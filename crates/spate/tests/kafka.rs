@@ -52,7 +52,14 @@ impl Cluster {
             .expect("bootstrap servers")
             .to_string();
         let secret_file = dir.path().join("cluster.secret");
-        std::fs::write(&secret_file, rand::random::<[u8; 32]>()).unwrap();
+        std::fs::write(
+            &secret_file,
+            base64::Engine::encode(
+                &base64::engine::general_purpose::STANDARD,
+                rand::random::<[u8; 32]>(),
+            ),
+        )
+        .unwrap();
         Self {
             dir,
             bootstrap,
@@ -1296,14 +1303,7 @@ fn paused_owner_is_fenced(cluster: &Cluster) {
         let url = format!("{base}/tally/accounts/z");
         let (status, body) = support::retry_while_moving(|| support::get(&agent, &url));
         assert_eq!(status, 200, "{body}");
-        let mut tags: Vec<u64> = body["entries"]
-            .as_array()
-            .expect("entries")
-            .iter()
-            .map(|entry| entry["tag"].as_u64().expect("a tag"))
-            .collect();
-        tags.sort_unstable();
-        tags
+        sorted_tags(&body)
     };
     assert_eq!(tags(&new.base), vec![1, 2, 6]);
     drop((old, new));
@@ -1346,14 +1346,7 @@ fn takeover_reads_past_a_transaction_left_open(cluster: &Cluster) {
         if status != 200 {
             return Vec::new();
         }
-        let mut tags: Vec<u64> = body["entries"]
-            .as_array()
-            .expect("entries")
-            .iter()
-            .map(|entry| entry["tag"].as_u64().expect("a tag"))
-            .collect();
-        tags.sort_unstable();
-        tags
+        sorted_tags(&body)
     };
     let old = places.start(cluster, 0, &args);
     for account in [&free, &held] {
@@ -1442,17 +1435,15 @@ fn failed_log_is_taken_over_again(cluster: &Cluster) {
     let url = format!("{}/tally/accounts/r", node.base);
     let (status, body) = support::retry_while_moving(|| support::get(&agent, &url));
     assert_eq!(status, 200, "{body}");
-    let mut tags: Vec<u64> = body["entries"]
-        .as_array()
-        .expect("entries")
-        .iter()
-        .map(|entry| entry["tag"].as_u64().expect("a tag"))
-        .collect();
-    tags.sort_unstable();
     assert_eq!(
-        tags, acknowledged,
+        sorted_tags(&body),
+        acknowledged,
         "the log holds other adds than those acknowledged"
     );
+    // What an operator sees: the failures, and the partition started again after them.
+    let count = |metric| support::partition_count(&agent, &node.base, metric, 0);
+    assert!(count("spate_journal_failures_total") >= 1);
+    assert!(count("spate_partition_starts_total") >= 2);
     cluster.start_broker(3);
 }
 
@@ -1481,6 +1472,18 @@ fn open_a_transaction(bootstrap: &str, topic: &str, partition: i32) -> BaseProdu
         .expect("sent");
     producer.flush(timeout).expect("acknowledged");
     producer
+}
+
+/// The tags of a tally account's entries (`GET /tally/accounts/{id}`), in order.
+fn sorted_tags(account: &serde_json::Value) -> Vec<u64> {
+    let mut tags: Vec<u64> = account["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|entry| entry["tag"].as_u64().expect("a tag"))
+        .collect();
+    tags.sort_unstable();
+    tags
 }
 
 /// The fraud app's records and snapshots on Kafka are sealed like its files: no broker file (log

@@ -318,7 +318,12 @@ pub fn metrics_text(agent: &ureq::Agent, base: &str) -> String {
 
 /// Snapshots of `partition` finished since the server started (`spate_snapshot_seconds_count`).
 pub fn snapshots_finished(agent: &ureq::Agent, base: &str, partition: u16) -> u64 {
-    let prefix = format!("spate_snapshot_seconds_count{{partition=\"{partition}\"}} ");
+    partition_count(agent, base, "spate_snapshot_seconds_count", partition)
+}
+
+/// The count `metric` shows for `partition` in `/metrics` (0 if it shows none).
+pub fn partition_count(agent: &ureq::Agent, base: &str, metric: &str, partition: u16) -> u64 {
+    let prefix = format!("{metric}{{partition=\"{partition}\"}} ");
     metrics_text(agent, base)
         .lines()
         .find_map(|line| line.strip_prefix(prefix.as_str()))
