@@ -46,10 +46,10 @@ pub trait Remote: Send + Sync + 'static {
     fn query_refused(&self, partition: PartitionId);
 }
 
-/// A node's place in a cluster, from joining to leaving: it starts and stops partitions on the engine
-/// as the cluster assigns them.
+/// What starts and stops partitions on the engine of a node on a shared log, from joining to leaving:
+/// a cluster's membership (as the cluster assigns them), or a single node's watch of its logs.
 pub trait Membership: Send {
-    /// Gives up every partition (stopping them on the engine) and leaves the cluster.
+    /// Stops doing so; a cluster member gives up every partition first (stopping them on the engine).
     fn leave(self: Box<Self>);
 }
 

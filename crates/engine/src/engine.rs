@@ -634,6 +634,7 @@ impl Inner {
             .ok_or(StartError::Config("the engine is shutting down".into()))?;
         let (queue_tx, queue_rx) = bounded(starter.queue_capacity);
         self.shared[index].failed.store(false, Ordering::Release);
+        self.shared[index].fenced.store(false, Ordering::Release);
         self.metrics[index].partition_starts.inc();
         let (partition_thread, writer_thread) = partition::pair(
             core,
@@ -1140,6 +1141,16 @@ impl EngineHandle {
             .filter(|&p| {
                 inner.is_here(p) && inner.shared[usize::from(p)].failed.load(Ordering::Acquire)
             })
+            .collect()
+    }
+
+    /// The failed partitions ([`EngineHandle::failed_partitions`]) whose log did not fail because
+    /// another writer took it over: starting them again (a new writer, the state recovered from the log)
+    /// may heal them, where starting a fenced one again would take the log back from its new owner.
+    pub fn failed_partitions_not_fenced(&self) -> Vec<PartitionId> {
+        let shared = &self.inner.shared;
+        (self.failed_partitions().into_iter())
+            .filter(|&p| !shared[usize::from(p)].fenced.load(Ordering::Acquire))
             .collect()
     }
 

@@ -178,6 +178,9 @@ pub(crate) struct PartitionShared {
     /// LSN; the projection reads those records from the journal. Only grows.
     pub feed_dropped_end: [AtomicU64; APPS_MAX],
     pub failed: AtomicBool,
+    /// Set with `failed` when the journal failed because another writer took the log over
+    /// ([`JournalError::Fenced`]); cleared with it by the partition's next start.
+    pub fenced: AtomicBool,
     /// Every record archived before this LSN is in the archive's store; the partition may drop it from
     /// memory. Stops growing for good if the store fails, so that nothing unstored is dropped.
     pub archived_lsn: AtomicU64,
@@ -258,6 +261,7 @@ impl Default for PartitionShared {
             fed_lsn: AtomicU64::new(0),
             feed_dropped_end: std::array::from_fn(|_| AtomicU64::new(0)),
             failed: AtomicBool::new(false),
+            fenced: AtomicBool::new(false),
             archived_lsn: AtomicU64::new(0),
             read_lease: ReadLease::default(),
         }
@@ -1170,6 +1174,8 @@ impl WriterThread {
                     tracing::error!(partition = self.partition, %error, "journal append failed; refusing writes");
                     self.metrics.journal_failures.inc();
                     self.progress.failed.store(true, Ordering::Release);
+                    let fenced = matches!(error, JournalError::Fenced(_));
+                    self.shared.fenced.store(fenced, Ordering::Release);
                     self.shared.failed.store(true, Ordering::Release);
                 }
             }

@@ -24,7 +24,7 @@ mod snapshots;
 mod topic;
 
 pub use log::KafkaLog;
-pub use membership::{KafkaMembership, NodeIdentity};
+pub use membership::{KafkaMembership, NodeIdentity, watch_sole_owner};
 
 use rdkafka::ClientConfig;
 use spate_engine::PartitionId;

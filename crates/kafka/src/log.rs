@@ -390,6 +390,17 @@ impl Log for KafkaLog {
             // Whether the transaction committed is unknown (a timeout), or it was refused (fenced by a
             // new owner): either way nothing more may be acknowledged from this log.
             self.failed = true;
+            let fatal = self.producer.client().fatal_error();
+            let codes = [
+                error.rdkafka_error_code(),
+                fatal.as_ref().map(|(code, _)| *code),
+            ];
+            if codes.into_iter().flatten().any(is_fenced) {
+                return Err(JournalError::Fenced(format!(
+                    "partition {}: committing a group commit: {error}",
+                    self.partition
+                )));
+            }
             return Err(replicated(
                 self.partition,
                 "committing a group commit",
@@ -817,6 +828,16 @@ fn each_record(
             }
         }
     }
+}
+
+/// Errors that say another producer with the same `transactional.id` took the log over.
+fn is_fenced(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::Fenced
+            | RDKafkaErrorCode::ProducerFenced
+            | RDKafkaErrorCode::InvalidProducerEpoch
+    )
 }
 
 /// Errors a read outlives: the client reconnects and finds the partition's new leader itself.

@@ -266,7 +266,7 @@ impl GroupView {
             if let Some(Err(error)) = consumer.poll(RECONCILE_INTERVAL) {
                 tracing::warn!(%error, "cluster membership");
             }
-            failed_logs.stop_to_start_again(&engine);
+            failed_logs.stop_to_start_again(&engine, |p| engine.holds_read_lease(p));
             self.start_leased(&consumer, &engine);
         }
         // Stop applying before leaving, so that the next owner's start does not have to fence us.
@@ -313,27 +313,57 @@ impl GroupView {
             .into_iter()
             .filter(|p| !local.contains(p))
             .collect();
-        if missing.is_empty() {
-            return;
-        }
-        std::thread::scope(|scope| {
-            for &partition in &missing {
-                scope.spawn(move || {
-                    let started = Instant::now();
-                    match engine.activate(partition) {
-                        Ok(()) => tracing::info!(
-                            partition,
-                            elapsed_ms = started.elapsed().as_millis() as u64,
-                            "took partition over"
-                        ),
-                        Err(error) => {
-                            tracing::error!(partition, %error, "cannot take partition over; retrying")
-                        }
-                    }
-                });
-            }
-        });
+        start_partitions(engine, &missing);
     }
+}
+
+/// Starts `partitions` on `engine`, together (each start fences the old writer and reads the
+/// partition's log). A start that fails is logged; the caller tries again on its next round.
+fn start_partitions(engine: &EngineHandle, missing: &[PartitionId]) {
+    std::thread::scope(|scope| {
+        for &partition in missing {
+            scope.spawn(move || {
+                let started = Instant::now();
+                match engine.activate(partition) {
+                    Ok(()) => tracing::info!(
+                        partition,
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "took partition over"
+                    ),
+                    Err(error) => {
+                        tracing::error!(partition, %error, "cannot take partition over; retrying")
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// Without `--node-id`, one node applies every partition of the topic; it has no leases, but its
+/// partitions' logs can fail as a cluster node's do. Watches them: a partition whose log failed (not
+/// fenced) is stopped and started again, as [`FailedLogs`] says.
+pub fn watch_sole_owner(engine: EngineHandle) -> Result<Box<dyn Membership>, SetupError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("log-watch".into())
+        .spawn(move || {
+            let mut failed_logs = FailedLogs::default();
+            let all: Vec<PartitionId> = (0..engine.partition_count()).collect();
+            while !stopping.load(Ordering::Acquire) {
+                failed_logs.stop_to_start_again(&engine, |_| true);
+                let local = engine.local_partitions();
+                let missing: Vec<PartitionId> =
+                    all.iter().copied().filter(|p| !local.contains(p)).collect();
+                start_partitions(&engine, &missing);
+                std::thread::sleep(RECONCILE_INTERVAL);
+            }
+        })
+        .map_err(|e| SetupError::Membership(format!("cannot start thread log-watch: {e}")))?;
+    Ok(Box::new(Joined {
+        stop,
+        threads: vec![thread],
+    }))
 }
 
 /// When this node last stopped each partition whose log had failed, to take it over again.
@@ -345,21 +375,24 @@ struct FailedLogs {
 impl FailedLogs {
     /// Stops every partition applied here whose log failed (a commit refused or timed out: Kafka
     /// unreachable, `min.insync.replicas` unmet), at most once per [`FAILED_LOG_RETRY_INTERVAL`] each,
-    /// so that `start_leased` takes it over again: a new producer fences the failed one, and the state
+    /// so that it is started again: a new producer fences the failed one, and the state
     /// is recovered from the log, without what the failed commits applied. Without this, the partition
-    /// would answer 503 for as long as this node holds its lease, long after Kafka came back.
+    /// would answer 503 until the node restarts, long after Kafka came back.
     ///
-    /// Only while the partition's read lease lasts, that is while the group's latest description shows
-    /// this node holding it: a node whose log failed because another node took the partition over
-    /// (this one paused or cut off past its session) may still see the lease in its own assignment
-    /// until it hears from the coordinator, and starting again then would fence the new owner.
-    fn stop_to_start_again(&mut self, engine: &EngineHandle) {
-        for partition in engine.failed_partitions() {
+    /// Only partitions this node still `owned`: in a cluster, while the partition's read lease lasts,
+    /// that is while the group's latest description shows this node holding it. A node whose log
+    /// failed because another node took the partition over (this one paused or cut off past its
+    /// session) may still see the lease in its own assignment until it hears from the coordinator.
+    ///
+    /// Never a partition whose log failed because another writer took it over: starting it again
+    /// would take the log back.
+    fn stop_to_start_again(&mut self, engine: &EngineHandle, owned: impl Fn(PartitionId) -> bool) {
+        for partition in engine.failed_partitions_not_fenced() {
             let tried_lately = self
                 .stopped_at
                 .get(&partition)
                 .is_some_and(|at| at.elapsed() < FAILED_LOG_RETRY_INTERVAL);
-            if tried_lately || !engine.holds_read_lease(partition) {
+            if tried_lately || !owned(partition) {
                 continue;
             }
             self.stopped_at.insert(partition, Instant::now());

@@ -53,6 +53,9 @@ pub struct ServerConfig {
     pub logs: Option<Arc<dyn LogStore>>,
     /// Set for a node of a cluster (which needs `logs`, a log every node can reach).
     pub cluster: Option<ClusterSetup>,
+    /// For a single node on a shared log (`logs` without `cluster`): what, once the engine runs, starts
+    /// again the partitions whose log failed.
+    pub watch_logs: Option<JoinCluster>,
 }
 
 /// What makes a server one node of a cluster.
@@ -184,9 +187,12 @@ pub async fn serve(config: ServerConfig, modules: Vec<AppModule>) -> Result<(), 
     println!("spate listening on {scheme}://{local}");
     tracing::info!(%local, "listening");
     // A node takes partitions only once it can answer the requests other nodes forward to it.
-    let membership = match cluster {
-        Some((setup, _)) => {
-            let join = setup.join;
+    let join = match (cluster, config.watch_logs) {
+        (Some((setup, _)), _) => Some(setup.join),
+        (None, watch) => watch,
+    };
+    let membership = match join {
+        Some(join) => {
             let joined = tokio::task::spawn_blocking(move || join(handle))
                 .await
                 .map_err(|e| e.to_string())?;

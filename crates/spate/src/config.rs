@@ -642,7 +642,7 @@ impl ServeArgs {
                  plain HTTP (signed, not encrypted); put TLS in front of the nodes instead"
             );
         }
-        let (logs, cluster) = match self.kafka {
+        let (logs, cluster, watch_logs) = match self.kafka {
             None if self.node_id.is_some()
                 || self.advertise.is_some()
                 || self.cluster_secret_file.is_some() =>
@@ -652,7 +652,7 @@ impl ServeArgs {
                      its journal on Kafka"
                 )
             }
-            None => (None, None),
+            None => (None, None, None),
             Some(bootstrap) => {
                 let mut kafka = spate_kafka::KafkaConfig::new(bootstrap);
                 if let Some(topic) = self.kafka_topic {
@@ -694,9 +694,16 @@ impl ServeArgs {
                         secret,
                     )?),
                 };
+                let watch_logs: Option<spate_server::JoinCluster> = match cluster {
+                    Some(_) => None,
+                    None => Some(Box::new(|engine| {
+                        spate_kafka::watch_sole_owner(engine).map_err(|e| e.to_string())
+                    })),
+                };
                 (
                     Some(Arc::new(store) as Arc<dyn spate_engine::LogStore>),
                     cluster,
+                    watch_logs,
                 )
             }
         };
@@ -709,6 +716,7 @@ impl ServeArgs {
                 engine,
                 logs,
                 cluster,
+                watch_logs,
             },
             apps,
             app_options,

@@ -1298,6 +1298,9 @@ fn paused_owner_is_fenced(cluster: &Cluster) {
             "the fenced node acknowledged command {tag}"
         );
     }
+    // Long enough for the old node to start the partition again, fencing the new owner in turn, were a
+    // fenced log treated as one that failed (`watch_sole_owner` looks every 100 ms).
+    std::thread::sleep(Duration::from_secs(3));
     assert_eq!(add(&new.base, 6), 201);
     let tags = |base: &str| -> Vec<u64> {
         let url = format!("{base}/tally/accounts/z");
@@ -1384,16 +1387,28 @@ fn takeover_reads_past_a_transaction_left_open(cluster: &Cluster) {
     );
 }
 
-/// A cluster node whose partition's log failed (its commits time out: fewer brokers in sync than the
-/// topic's `min.insync.replicas`, as when two of three brokers are lost for longer than a commit may
-/// take) answers 503 while it fails, and takes the partition over again by itself once Kafka accepts
-/// records: no restart, and exactly the acknowledged adds in the log.
+/// A node whose partition's log failed (its commits time out: fewer brokers in sync than the topic's
+/// `min.insync.replicas`, as when two of three brokers are lost for longer than a commit may take)
+/// answers 503 while it fails, and takes the partition over again by itself once Kafka accepts
+/// records: no restart, and exactly the acknowledged adds in the log. A cluster node, and a node
+/// without `--node-id`.
 fn failed_log_is_taken_over_again(cluster: &Cluster) {
-    const TOPIC: &str = "refused-records";
-    let mut args = cluster.serve_args(TOPIC, "1", "tally");
-    args.extend(["--kafka-timeout-s", "5"]);
-    let places = NodePlaces::new(1);
-    let node = places.start(cluster, 0, &args);
+    for (topic, node_id) in [
+        ("refused-records", true),
+        ("refused-records-one-node", false),
+    ] {
+        let mut args = cluster.serve_args(topic, "1", "tally");
+        args.extend(["--kafka-timeout-s", "5"]);
+        let places = NodePlaces::new(1);
+        let node = match node_id {
+            true => places.start(cluster, 0, &args),
+            false => Server::start(places.dirs[0].path(), &args, None),
+        };
+        failed_log_heals(cluster, topic, &node);
+    }
+}
+
+fn failed_log_heals(cluster: &Cluster, topic: &str, node: &Server) {
     let agent = agent();
     let url = format!("{}/tally/accounts/r/entries", node.base);
     let add = |tag: u64| {
@@ -1420,14 +1435,14 @@ fn failed_log_is_taken_over_again(cluster: &Cluster) {
     );
     // Every broker must have each record, and one is lost.
     let all_replicas = spate_kafka::REPLICATION_FACTOR.to_string();
-    cluster.set_topic_config(TOPIC, "min.insync.replicas", &all_replicas);
+    cluster.set_topic_config(topic, "min.insync.replicas", &all_replicas);
     cluster.kill_broker(3);
     assert!(
         answered_until(503, &mut acknowledged),
         "adds still acknowledged with fewer brokers in sync than the topic requires"
     );
     let required = spate_kafka::MIN_INSYNC_REPLICAS.to_string();
-    cluster.set_topic_config(TOPIC, "min.insync.replicas", &required);
+    cluster.set_topic_config(topic, "min.insync.replicas", &required);
     assert!(
         answered_until(201, &mut acknowledged),
         "the node did not take its failed partition over again within 40 s"

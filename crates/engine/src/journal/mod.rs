@@ -65,6 +65,10 @@ pub enum JournalError {
     /// A replicated log's error (its client's words, with what was being done).
     #[error("replicated log: {0}")]
     Replicated(String),
+    /// Another writer took the shared log over: this one may never append to it again, and must not
+    /// take it back by opening it anew.
+    #[error("replicated log: another writer took it over: {0}")]
+    Fenced(String),
 }
 
 /// Called by replay with each record's LSN, frame kind and body.
