@@ -96,6 +96,7 @@ fn server() -> SocketAddr {
             engine,
             logs: None,
             cluster: None,
+            watch_logs: None,
         };
         std::thread::spawn(move || {
             let modules = spate_fuzz::modules(&data_dir);
