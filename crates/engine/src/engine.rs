@@ -1154,11 +1154,26 @@ impl EngineHandle {
             .collect()
     }
 
+    /// What `/health` counts as failed: the failed partitions, and on a node that applies every
+    /// partition (no other node to forward to), any it does not apply right now (one being started
+    /// again after its log failed, whose start may fail again while Kafka is out of reach).
+    fn unserved_partitions(&self) -> Vec<PartitionId> {
+        let inner = &self.inner;
+        if inner.peers.remote().is_some() {
+            return self.failed_partitions();
+        }
+        (0..inner.partition_count)
+            .filter(|&p| {
+                !inner.is_here(p) || inner.shared[usize::from(p)].failed.load(Ordering::Acquire)
+            })
+            .collect()
+    }
+
     pub fn health(&self) -> Health {
         let inner = &self.inner;
         Health {
             partitions: inner.partition_count,
-            failed_partitions: self.failed_partitions(),
+            failed_partitions: self.unserved_partitions(),
             queue_depth: inner
                 .slots
                 .iter()

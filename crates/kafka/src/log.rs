@@ -231,7 +231,13 @@ impl KafkaLog {
             .set("retry.backoff.max.ms", "100")
             .set("message.max.bytes", (MESSAGE_BYTES_MAX + 4096).to_string())
             .set("batch.size", (MESSAGE_BYTES_MAX + 4096).to_string())
-            .set("transaction.timeout.ms", &commit_timeout_ms)
+            // Twice a commit's bound (`commit`): the cluster aborts a transaction only once its writer
+            // has given it up, never under a commit still within its time (the abort bumps the
+            // producer's epoch, and the late commit would read as fenced by another owner).
+            .set(
+                "transaction.timeout.ms",
+                (2 * config.commit_timeout.as_millis()).to_string(),
+            )
             .set("message.timeout.ms", &commit_timeout_ms)
             .create_with_context(Deliveries {
                 state: Mutex::new(Delivered::default()),
@@ -266,19 +272,23 @@ impl KafkaLog {
         })
     }
 
-    fn send(&self, key: &[u8; KEY_BYTES], frames: &[u8]) -> Result<(), KafkaError> {
+    fn send(
+        &self,
+        key: &[u8; KEY_BYTES],
+        frames: &[u8],
+        deadline: Instant,
+    ) -> Result<(), KafkaError> {
         let record = BaseRecord::to(&self.config.topic)
             .partition(i32::from(self.partition))
             .key(&key[..])
             .payload(frames);
-        send_waiting_for_room(
-            &self.producer,
-            record,
-            Instant::now() + self.config.commit_timeout,
-        )
+        send_waiting_for_room(&self.producer, record, deadline)
     }
 
+    /// One group commit as one transaction, given up (an error) once it has taken `commit_timeout`
+    /// in all.
     fn commit(&mut self, frames: &[u8], record_count: u64) -> Result<(), KafkaError> {
+        let deadline = Instant::now() + self.config.commit_timeout;
         self.producer.begin_transaction()?;
         let mut first_lsn = self.next_lsn;
         let pieces = chunks(frames, record_count);
@@ -287,25 +297,24 @@ impl KafkaLog {
                 first_lsn,
                 record_count: count,
             };
-            self.send(&key.encode(), chunk)?;
+            self.send(&key.encode(), chunk, deadline)?;
             first_lsn += u64::from(count);
         }
-        self.await_deliveries(pieces.len())?;
-        self.producer.commit_transaction(self.config.commit_timeout)
+        self.await_deliveries(pieces.len(), deadline)?;
+        (self.producer).commit_transaction(deadline.saturating_duration_since(Instant::now()))
     }
 
     /// Waits until each of the `sent` records of this transaction is acknowledged (`acks=all`) and
     /// librdkafka has let go of it, so that `commit_transaction`'s own flush finds nothing to wait for
-    /// (it would poll in 100 ms slices).
-    fn await_deliveries(&self, sent: usize) -> Result<(), KafkaError> {
+    /// (it would poll in 100 ms slices); until `deadline` at most.
+    fn await_deliveries(&self, sent: usize, deadline: Instant) -> Result<(), KafkaError> {
         let timed_out = || KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut);
-        let commit_timeout = self.config.commit_timeout;
-        let deadline = Instant::now() + commit_timeout;
         let context = self.producer.context();
         let state = context.state.lock().expect("no panics while held");
+        let wait_at_most = deadline.saturating_duration_since(Instant::now());
         let (mut state, wait) = context
             .delivered
-            .wait_timeout_while(state, commit_timeout, |state| state.count < sent)
+            .wait_timeout_while(state, wait_at_most, |state| state.count < sent)
             .expect("no panics while held");
         if wait.timed_out() {
             return Err(timed_out());

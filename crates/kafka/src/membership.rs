@@ -46,6 +46,14 @@ const READ_LEASE: Duration = Duration::from_secs(3);
 const _: () = assert!(
     READ_LEASE.as_millis() + 2 * HEARTBEAT_INTERVAL.as_millis() < SESSION_TIMEOUT.as_millis()
 );
+/// A member that has not polled its consumer for this long leaves the group by itself
+/// (`max.poll.interval.ms`), without running its revocations first: another node may then take its
+/// partitions at once. The membership thread polls between partition starts, which can take minutes,
+/// so read leases end this margin before that can happen (`GroupView::lease_end`).
+const MAX_POLL_INTERVAL: Duration = Duration::from_secs(300);
+const MAX_POLL_MARGIN: Duration = Duration::from_secs(10);
+const _: () =
+    assert!(MAX_POLL_INTERVAL.as_secs() > MAX_POLL_MARGIN.as_secs() + READ_LEASE.as_secs());
 
 /// This node, as other nodes and operators see it.
 #[derive(Debug, Clone)]
@@ -87,6 +95,9 @@ struct GroupView {
     lease_topic: String,
     /// The last description of the group: every member and the lease partitions it holds.
     members: RwLock<Vec<NodeStatus>>,
+    /// When the membership thread last polled its consumer (which runs revocations); none before it
+    /// joined.
+    polled_at: Mutex<Option<Instant>>,
 }
 
 impl KafkaMembership {
@@ -108,6 +119,7 @@ impl KafkaMembership {
             node,
             partitions,
             members: RwLock::new(Vec::new()),
+            polled_at: Mutex::new(None),
         });
         view.refuse_duplicate_id()?;
         Ok(Self { view })
@@ -138,6 +150,10 @@ impl KafkaMembership {
             .set(
                 "heartbeat.interval.ms",
                 HEARTBEAT_INTERVAL.as_millis().to_string(),
+            )
+            .set(
+                "max.poll.interval.ms",
+                MAX_POLL_INTERVAL.as_millis().to_string(),
             )
             .set("enable.auto.commit", "false")
             .create_with_context(context)?;
@@ -263,6 +279,7 @@ impl GroupView {
         let mut failed_logs = FailedLogs::default();
         while !stop.load(Ordering::Acquire) {
             // Revocations run inside poll (`LeaseContext::pre_rebalance`), before the lease moves on.
+            *self.polled_at.lock().expect("no panics while held") = Some(Instant::now());
             if let Some(Err(error)) = consumer.poll(RECONCILE_INTERVAL) {
                 tracing::warn!(%error, "cluster membership");
             }
@@ -297,9 +314,20 @@ impl GroupView {
             .members
             .read()
             .expect("no thread panics holding members");
-        if let Some(this_node) = members.iter().find(|m| m.node_id == self.node.node_id) {
-            engine.extend_read_leases(&this_node.partitions, asked_at + READ_LEASE);
+        if let Some(this_node) = members.iter().find(|m| m.node_id == self.node.node_id)
+            && let Some(until) = self.lease_end(asked_at)
+        {
+            engine.extend_read_leases(&this_node.partitions, until);
         }
+    }
+
+    /// Until when a description asked for at `asked_at` lets this node answer reads: [`READ_LEASE`]
+    /// after it, but never past [`MAX_POLL_MARGIN`] before the consumer would leave the group for not
+    /// polling (a partition start that takes minutes); none before the membership thread first polls.
+    fn lease_end(&self, asked_at: Instant) -> Option<Instant> {
+        let polled_at = (*self.polled_at.lock().expect("no panics while held"))?;
+        let leaves_at = polled_at + MAX_POLL_INTERVAL - MAX_POLL_MARGIN;
+        Some((asked_at + READ_LEASE).min(leaves_at))
     }
 
     /// Starts every leased partition not applied yet, together (each start fences the old owner and

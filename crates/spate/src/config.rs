@@ -13,6 +13,8 @@ use std::time::Duration;
 
 /// The longest linger accepted: a request waiting longer for its group commit is a misconfiguration.
 const LINGER_US_MAX: u64 = 10_000_000;
+/// `--kafka-timeout-s` at most: Kafka's default `transaction.max.timeout.ms` (15 min) over two.
+const KAFKA_TIMEOUT_S_MAX: u64 = 450;
 
 /// The longest pass interval of a read model accepted: read models a second behind are a
 /// misconfiguration (and a stop waits out the interval).
@@ -661,6 +663,14 @@ impl ServeArgs {
                 if let Some(seconds) = self.kafka_timeout_s {
                     if seconds == 0 {
                         bail!("--kafka-timeout-s must be at least 1");
+                    }
+                    // Transactions time out at twice it, and Kafka refuses more than its
+                    // transaction.max.timeout.ms (15 min unless set otherwise).
+                    if seconds > KAFKA_TIMEOUT_S_MAX {
+                        bail!(
+                            "--kafka-timeout-s must be at most {KAFKA_TIMEOUT_S_MAX}: a transaction may \
+                             last twice it, and Kafka refuses transactions over 15 minutes by default"
+                        );
                     }
                     kafka.connect_timeout = Duration::from_secs(seconds);
                     kafka.commit_timeout = Duration::from_secs(seconds);

@@ -1555,6 +1555,20 @@ fn card_numbers_never_reach_kafka(cluster: &Cluster) {
 /// Unreachable brokers, a topic of another partition count and a topic with one replica are refused at
 /// start-up with a message that says what is wrong.
 fn bad_configuration_is_refused(cluster: &Cluster) {
+    let data = tempfile::tempdir().unwrap();
+    let too_long = [
+        "--kafka",
+        &cluster.bootstrap,
+        "--apps",
+        "tally",
+        "--kafka-timeout-s",
+        "451",
+    ];
+    let refusal = support::refused_serve(data.path(), &too_long);
+    assert!(
+        refusal.contains("--kafka-timeout-s must be at most 450"),
+        "{refusal}"
+    );
     for (topic, partitions, replicas) in [("one-replica", "2", "1"), ("three-partitions", "3", "3")]
     {
         cluster.topics(&[
