@@ -6,7 +6,7 @@
 
 mod hooked_log;
 
-use hooked_log::{BeforeAppend, HookedLogs};
+use hooked_log::{HookedLogs, LogHooks};
 use prometheus_client::registry::Registry;
 use spate_engine::journal::JournalError;
 use spate_engine::{Engine, EngineConfig, FileLogStore, Reply};
@@ -31,7 +31,7 @@ impl Gate {
     }
 }
 
-impl BeforeAppend for Gate {
+impl LogHooks for Gate {
     fn before_append(&self) -> Result<(), JournalError> {
         let closed = self.closed.lock().unwrap();
         if *closed {

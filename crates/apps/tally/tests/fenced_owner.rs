@@ -7,7 +7,7 @@
 
 mod hooked_log;
 
-use hooked_log::{BeforeAppend, HookedLogs};
+use hooked_log::{HookedLogs, LogHooks};
 use prometheus_client::registry::Registry;
 use spate_engine::cluster::{ReadSender, Remote, ReplySender};
 use spate_engine::journal::JournalError;
@@ -39,7 +39,7 @@ impl Fence {
     }
 }
 
-impl BeforeAppend for Fence {
+impl LogHooks for Fence {
     fn before_append(&self) -> Result<(), JournalError> {
         if !self.up.load(Ordering::Acquire) {
             return Ok(());

@@ -2,35 +2,25 @@
 //! read then (a replicated log's brokers out of reach), the read model waits and tries again: it does
 //! not stop, and it applies nothing after what it has not read.
 
+mod hooked_log;
 mod support;
 
+use hooked_log::{HookedLogs, LogHooks};
 use prometheus_client::registry::Registry;
-use spate_engine::journal::{JournalError, Log, Visit};
-use spate_engine::{Engine, EngineConfig, FileLogStore, LogStore, Lsn, PartitionId};
+use spate_engine::journal::JournalError;
+use spate_engine::{Engine, EngineConfig, FileLogStore};
 use spate_tally::{APP_ID, Command, Totals, TotalsProjection};
-use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-/// Files whose first `failures` reads of dropped records fail, as a log out of reach does.
+/// Reads of dropped records whose first `failures` fail, as a log out of reach does.
 struct UnreachableAtFirst {
-    files: FileLogStore,
     failures: AtomicU32,
 }
 
-impl LogStore for UnreachableAtFirst {
-    fn open(&self, partition: PartitionId, snapshots: &Path) -> Result<Box<dyn Log>, JournalError> {
-        self.files.open(partition, snapshots)
-    }
-
-    fn read_range(
-        &self,
-        partition: PartitionId,
-        from: Lsn,
-        until: Lsn,
-        visit: &mut Visit<'_>,
-    ) -> Result<(), JournalError> {
+impl LogHooks for UnreachableAtFirst {
+    fn before_read_range(&self) -> Result<(), JournalError> {
         let failed = (self.failures)
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
                 left.checked_sub(1)
@@ -39,7 +29,7 @@ impl LogStore for UnreachableAtFirst {
         if failed {
             return Err(JournalError::Replicated("no broker answers (test)".into()));
         }
-        self.files.read_range(partition, from, until, visit)
+        Ok(())
     }
 }
 
@@ -51,10 +41,11 @@ fn a_read_model_that_cannot_read_what_its_feed_dropped_tries_again() {
     let mut config = EngineConfig::new(dir.path());
     config.partitions = 1;
     config.projection_feed_batches_max = 1;
-    let logs = Arc::new(UnreachableAtFirst {
-        files: FileLogStore::new(dir.path(), config.journal.clone()),
+    let unreachable = Arc::new(UnreachableAtFirst {
         failures: AtomicU32::new(FAILURES),
     });
+    let files = FileLogStore::new(dir.path(), config.journal.clone());
+    let logs = Arc::new(HookedLogs::new(files, unreachable.clone()));
     let totals = Arc::new(RwLock::new(Totals::default()));
     let mut spec = spate_tally::module().spec;
     // Slow at its first event, so that the feed of one group commit fills behind it.
@@ -108,7 +99,7 @@ fn a_read_model_that_cannot_read_what_its_feed_dropped_tries_again() {
         "each add applied once"
     );
     assert_eq!(
-        logs.failures.load(Ordering::Acquire),
+        unreachable.failures.load(Ordering::Acquire),
         0,
         "reads of dropped group commits failed {FAILURES} times first"
     );

@@ -1,14 +1,22 @@
-//! A journal on files that calls a hook before each group commit is appended, for tests that hold a
-//! commit back or fail it.
+//! A journal on files that calls hooks before each group commit is appended and before each read of a
+//! range of records, for tests that hold a commit back or fail it, or fail a read.
 
 use spate_engine::journal::{JournalError, Log, Visit};
 use spate_engine::{FileLogStore, LogStore, Lsn, PartitionId};
 use std::path::Path;
 use std::sync::Arc;
 
-pub trait BeforeAppend: Send + Sync + 'static {
+pub trait LogHooks: Send + Sync + 'static {
     /// Runs before each append, on the journal's writer thread; an error fails the append instead.
-    fn before_append(&self) -> Result<(), JournalError>;
+    fn before_append(&self) -> Result<(), JournalError> {
+        Ok(())
+    }
+
+    /// Runs before each read of a range of records (`LogStore::read_range`, which read models use);
+    /// an error fails the read instead.
+    fn before_read_range(&self) -> Result<(), JournalError> {
+        Ok(())
+    }
 }
 
 pub struct HookedLogs<H> {
@@ -16,13 +24,13 @@ pub struct HookedLogs<H> {
     hook: Arc<H>,
 }
 
-impl<H: BeforeAppend> HookedLogs<H> {
+impl<H: LogHooks> HookedLogs<H> {
     pub fn new(files: FileLogStore, hook: Arc<H>) -> Self {
         Self { files, hook }
     }
 }
 
-impl<H: BeforeAppend> LogStore for HookedLogs<H> {
+impl<H: LogHooks> LogStore for HookedLogs<H> {
     fn open(
         &self,
         partition: PartitionId,
@@ -42,6 +50,7 @@ impl<H: BeforeAppend> LogStore for HookedLogs<H> {
         until: Lsn,
         visit: &mut Visit<'_>,
     ) -> Result<(), JournalError> {
+        self.hook.before_read_range()?;
         self.files.read_range(partition, from, until, visit)
     }
 }
@@ -51,7 +60,7 @@ struct HookedLog<H> {
     hook: Arc<H>,
 }
 
-impl<H: BeforeAppend> Log for HookedLog<H> {
+impl<H: LogHooks> Log for HookedLog<H> {
     fn next_lsn(&self) -> Lsn {
         self.log.next_lsn()
     }
