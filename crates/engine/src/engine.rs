@@ -1144,14 +1144,16 @@ impl EngineHandle {
             .collect()
     }
 
-    /// The failed partitions ([`EngineHandle::failed_partitions`]) whose log did not fail because
-    /// another writer took it over: starting them again (a new writer, the state recovered from the log)
-    /// may heal them, where starting a fenced one again would take the log back from its new owner.
-    pub fn failed_partitions_not_fenced(&self) -> Vec<PartitionId> {
-        let shared = &self.inner.shared;
-        (self.failed_partitions().into_iter())
-            .filter(|&p| !shared[usize::from(p)].fenced.load(Ordering::Acquire))
-            .collect()
+    /// True when `partition`'s journal failed because another writer took its log over
+    /// ([`crate::journal::JournalError::Fenced`]), until the partition's next start. Starting such a partition
+    /// again takes the log back from that writer: right only where something else says this node
+    /// should hold it (a cluster's group), where starting a partition whose log merely failed (a commit
+    /// refused, or timed out) heals it.
+    pub fn is_fenced(&self, partition: PartitionId) -> bool {
+        self.inner
+            .shared
+            .get(usize::from(partition))
+            .is_some_and(|shared| shared.fenced.load(Ordering::Acquire))
     }
 
     /// What `/health` counts as failed: the failed partitions, and on a node that applies every

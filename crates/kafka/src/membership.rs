@@ -95,6 +95,9 @@ struct GroupView {
     lease_topic: String,
     /// The last description of the group: every member and the lease partitions it holds.
     members: RwLock<Vec<NodeStatus>>,
+    /// When the last description of the group was asked for (it shows the group as it was then or
+    /// later); none before the first. Set after `members`.
+    described_at: Mutex<Option<Instant>>,
     /// When the membership thread last polled its consumer (which runs revocations); none before it
     /// joined.
     polled_at: Mutex<Option<Instant>>,
@@ -119,6 +122,7 @@ impl KafkaMembership {
             node,
             partitions,
             members: RwLock::new(Vec::new()),
+            described_at: Mutex::new(None),
             polled_at: Mutex::new(None),
         });
         view.refuse_duplicate_id()?;
@@ -207,6 +211,7 @@ impl Membership for Joined {
 
 impl GroupView {
     fn describe(&self, consumer: &BaseConsumer) -> Result<(), String> {
+        let asked_at = Instant::now();
         let groups = consumer
             .fetch_group_list(Some(&self.group), Duration::from_secs(5))
             .map_err(|e| e.to_string())?;
@@ -232,7 +237,21 @@ impl GroupView {
             .members
             .write()
             .expect("no thread panics holding members") = members;
+        *self.described_at.lock().expect("no panics while held") = Some(asked_at);
         Ok(())
+    }
+
+    /// True when a description of the group asked for after `since` shows this node holding
+    /// `partition`'s lease.
+    fn shows_holding_since(&self, partition: PartitionId, since: Instant) -> bool {
+        let described_at = *self.described_at.lock().expect("no panics while held");
+        described_at.is_some_and(|at| at >= since)
+            && self
+                .members
+                .read()
+                .expect("no thread panics holding members")
+                .iter()
+                .any(|m| m.node_id == self.node.node_id && m.partitions.contains(&partition))
     }
 
     /// A node killed a moment ago stays a member until its session times out: wait that long for a
@@ -283,7 +302,9 @@ impl GroupView {
             if let Some(Err(error)) = consumer.poll(RECONCILE_INTERVAL) {
                 tracing::warn!(%error, "cluster membership");
             }
-            failed_logs.stop_to_start_again(&engine, |p| engine.holds_read_lease(p));
+            failed_logs.stop_to_start_again(&engine, |partition, _fenced, seen_at| {
+                self.shows_holding_since(partition, seen_at) && engine.holds_read_lease(partition)
+            });
             self.start_leased(&consumer, &engine);
         }
         // Stop applying before leaving, so that the next owner's start does not have to fence us.
@@ -379,7 +400,7 @@ pub fn watch_sole_owner(engine: EngineHandle) -> Result<Box<dyn Membership>, Set
             let mut failed_logs = FailedLogs::default();
             let all: Vec<PartitionId> = (0..engine.partition_count()).collect();
             while !stopping.load(Ordering::Acquire) {
-                failed_logs.stop_to_start_again(&engine, |_| true);
+                failed_logs.stop_to_start_again(&engine, |_, fenced, _| !fenced);
                 let local = engine.local_partitions();
                 let missing: Vec<PartitionId> =
                     all.iter().copied().filter(|p| !local.contains(p)).collect();
@@ -394,38 +415,54 @@ pub fn watch_sole_owner(engine: EngineHandle) -> Result<Box<dyn Membership>, Set
     }))
 }
 
-/// When this node last stopped each partition whose log had failed, to take it over again.
+/// The partitions applied here whose log failed: when this node first saw each fail, and when it last
+/// stopped each to take it over again.
 #[derive(Default)]
 struct FailedLogs {
+    seen_at: BTreeMap<PartitionId, Instant>,
     stopped_at: BTreeMap<PartitionId, Instant>,
 }
 
 impl FailedLogs {
-    /// Stops every partition applied here whose log failed (a commit refused or timed out: Kafka
-    /// unreachable, `min.insync.replicas` unmet), at most once per [`FAILED_LOG_RETRY_INTERVAL`] each,
-    /// so that it is started again: a new producer fences the failed one, and the state
-    /// is recovered from the log, without what the failed commits applied. Without this, the partition
-    /// would answer 503 until the node restarts, long after Kafka came back.
+    /// Stops every partition applied here whose log failed, at most once per
+    /// [`FAILED_LOG_RETRY_INTERVAL`] each, so that it is started again: a new producer fences the failed
+    /// one, and the state is recovered from the log, without what the failed commits applied. Without
+    /// this, the partition would answer 503 until the node restarts, long after Kafka came back.
     ///
-    /// Only partitions this node still `owned`: in a cluster, while the partition's read lease lasts,
-    /// that is while the group's latest description shows this node holding it. A node whose log
-    /// failed because another node took the partition over (this one paused or cut off past its
-    /// session) may still see the lease in its own assignment until it hears from the coordinator.
-    ///
-    /// Never a partition whose log failed because another writer took it over: starting it again
-    /// would take the log back.
-    fn stop_to_start_again(&mut self, engine: &EngineHandle, owned: impl Fn(PartitionId) -> bool) {
-        for partition in engine.failed_partitions_not_fenced() {
+    /// Only where `may_take_back(partition, fenced, seen_at)` says so: `fenced` when the log failed
+    /// because another writer took it over ([`EngineHandle::is_fenced`]), `seen_at` when this node first
+    /// saw the failure. A node without `--node-id` takes back only a log that merely failed (a commit
+    /// refused or timed out: Kafka unreachable, `min.insync.replicas` unmet); a fenced one would be taken
+    /// back from the node that fenced it. A cluster node takes back either once a description of the
+    /// group asked for after the failure shows it holding the lease (and its read lease holds): the
+    /// group, not the last writer, says who should write. That heals an owner fenced by a node acting on
+    /// an assignment the group had already moved (a start begun before a pause); a node fenced because
+    /// its lease moved finds the new owner in the description, and stops for good once its consumer
+    /// hears of the move.
+    fn stop_to_start_again(
+        &mut self,
+        engine: &EngineHandle,
+        may_take_back: impl Fn(PartitionId, bool, Instant) -> bool,
+    ) {
+        let failed = engine.failed_partitions();
+        self.seen_at
+            .retain(|partition, _| failed.contains(partition));
+        for partition in failed {
+            let seen_at = *self.seen_at.entry(partition).or_insert_with(Instant::now);
             let tried_lately = self
                 .stopped_at
                 .get(&partition)
                 .is_some_and(|at| at.elapsed() < FAILED_LOG_RETRY_INTERVAL);
-            if tried_lately || !owned(partition) {
+            let fenced = engine.is_fenced(partition);
+            if tried_lately || !may_take_back(partition, fenced, seen_at) {
                 continue;
             }
             self.stopped_at.insert(partition, Instant::now());
+            // A failure after the start is a new one, seen anew.
+            self.seen_at.remove(&partition);
             tracing::warn!(
                 partition,
+                fenced,
                 "the partition's log failed; stopping it to take it over again"
             );
             stop_partitions(engine, &[partition]);
