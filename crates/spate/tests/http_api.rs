@@ -562,8 +562,7 @@ fn bad_serve_options_are_refused_at_start_up() {
         ),
     ];
     for (options, expected) in cases {
-        let (status, log) = support::refused_start_up(dir.path(), "tally", options);
-        assert!(!status.success(), "{options:?}: started");
+        let log = support::refused_start_up(dir.path(), "tally", options);
         assert!(log.contains(expected), "{options:?}: {log}");
     }
 }

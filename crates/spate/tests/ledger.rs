@@ -834,8 +834,7 @@ fn an_archive_store_that_lost_records_is_refused_at_start_up() {
         let used = bytes.iter().rposition(|b| *b != 0).unwrap();
         apply(&mut bytes, used);
         std::fs::write(&journal, &bytes).unwrap();
-        let (status, log) = support::refused_start_up(dir.path(), "ledger", &[]);
-        assert!(!status.success(), "{damage}: {log}");
+        let log = support::refused_start_up(dir.path(), "ledger", &[]);
         // Either fjall's recovery fails, or it cuts the journal short and spate sees records missing.
         assert!(
             log.contains("the archive store failed") || log.contains("archive store lost records"),
@@ -859,8 +858,7 @@ fn an_archive_store_ahead_of_a_cut_journal_is_refused_at_start_up() {
     server.kill9();
     support::cut_partition_0_journal_in_half(dir.path());
 
-    let (status, log) = support::refused_start_up(dir.path(), "ledger", &[]);
-    assert!(!status.success(), "{log}");
+    let log = support::refused_start_up(dir.path(), "ledger", &[]);
     assert!(log.contains("the archive store holds records"), "{log}");
     assert!(log.contains("the journal lost"), "{log}");
 }

@@ -760,8 +760,7 @@ fn a_damaged_or_missing_ride_store_is_refused_at_start_up() {
         let store = dir.path().join("ski/model");
         assert!(journal(&store).exists(), "fjall's journal moved");
         apply(&store);
-        let (status, log) = support::refused_start_up(dir.path(), "ski", &[]);
-        assert!(!status.success(), "{damage}: {log}");
+        let log = support::refused_start_up(dir.path(), "ski", &[]);
         assert!(
             log.contains("ski read model's store failed") || log.contains("behind its checkpoint"),
             "{damage}: {log}"

@@ -476,15 +476,44 @@ pub fn kill_under_load<T: Sync>(
 /// Runs `spate serve --data-dir <data_dir> <args>`, which must refuse to start at once (a bad option
 /// or file): its log.
 pub fn refused_serve(data_dir: &Path, args: &[&str]) -> String {
-    let output = Command::new(env!("CARGO_BIN_EXE_spate"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_spate"));
+    command
         .args(["serve", "--data-dir"])
         .arg(data_dir)
-        .args(args)
+        .args(args);
+    refused(command)
+}
+
+/// Runs `command`, a server that must refuse to start, and waits for it to exit (60 s at most: a
+/// server that starts is killed and fails the test rather than hanging it): its log.
+pub fn refused(mut command: Command) -> String {
+    let mut child = command
+        .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .output()
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    assert!(!output.status.success(), "the server started");
-    String::from_utf8_lossy(&output.stderr).to_string()
+    // Read as it comes, so that a long log cannot fill the pipe and hold the server up.
+    let mut stderr = child.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        let mut log = Vec::new();
+        std::io::Read::read_to_end(&mut stderr, &mut log).unwrap();
+        String::from_utf8_lossy(&log).into_owned()
+    });
+    let exited = eventually(Duration::from_secs(60), || {
+        child.try_wait().unwrap().is_some()
+    });
+    if !exited {
+        child.kill().unwrap();
+    }
+    let status = child.wait().unwrap();
+    let log = log.join().unwrap();
+    assert!(exited, "the server started: {command:?}\n{log}");
+    assert!(
+        !status.success(),
+        "the server exited with success: {command:?}\n{log}"
+    );
+    log
 }
 
 /// Cuts the newest segment of partition 0's journal under `data_dir` to half of what it holds, as a
@@ -500,35 +529,16 @@ pub fn cut_partition_0_journal_in_half(data_dir: &Path) {
     std::fs::write(&segment, &bytes[..used / 2]).unwrap();
 }
 
-/// Runs `spate serve --apps <apps> <extra>` on `dir`, which must refuse to start: its exit status and
-/// log.
-pub fn refused_start_up(
-    dir: &Path,
-    apps: &str,
-    extra: &[&str],
-) -> (std::process::ExitStatus, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_spate"))
+/// Runs `spate serve --apps <apps> <extra>` on `dir`, which must refuse to start: its log.
+pub fn refused_start_up(dir: &Path, apps: &str, extra: &[&str]) -> String {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_spate"));
+    command
         .args(["serve", "--apps", apps, "--listen", "127.0.0.1:0"])
         .args(extra)
         .args(["--fraud-stream-listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let exited = eventually(Duration::from_secs(30), || {
-        child.try_wait().unwrap().is_some()
-    });
-    if !exited {
-        child.kill().unwrap();
-    }
-    let output = child.wait_with_output().unwrap();
-    assert!(exited, "the server started");
-    (
-        output.status,
-        String::from_utf8_lossy(&output.stderr).into(),
-    )
+        .env("RUST_LOG", "warn");
+    refused(command)
 }
 
 /// Makes a key with `roles` in the key file through `spate auth new-key`, and returns it.
