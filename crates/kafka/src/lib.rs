@@ -30,6 +30,7 @@ use rdkafka::ClientConfig;
 use spate_engine::PartitionId;
 use spate_engine::journal::{JournalError, Log, LogStore, Lsn, Visit};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use thiserror::Error;
@@ -99,6 +100,24 @@ pub struct KafkaLogStore {
     indexes: Vec<Arc<Mutex<log::OffsetIndex>>>,
     snapshots: Arc<snapshots::Uploader>,
     ends: log::LogEnds,
+    takeovers: TakeoversStop,
+}
+
+/// Set once the node stops: a takeover still reading its partition's snapshot or log from Kafka gives
+/// up at its next poll. Otherwise a read that Kafka holds up (a transaction another producer left
+/// open, a partition without a leader) would hold the node's stop, and with it the hand-over of every
+/// partition it applies, for as long as the read may stall (a minute).
+#[derive(Clone, Default)]
+pub(crate) struct TakeoversStop(Arc<AtomicBool>);
+
+impl TakeoversStop {
+    pub(crate) fn stop(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
 }
 
 impl KafkaLogStore {
@@ -110,6 +129,7 @@ impl KafkaLogStore {
         Ok(Self {
             snapshots,
             ends: log::LogEnds::new(&config)?,
+            takeovers: TakeoversStop::default(),
             indexes: (0..partition_count)
                 .map(|_| Arc::new(Mutex::new(log::OffsetIndex::default())))
                 .collect(),
@@ -141,6 +161,7 @@ impl LogStore for KafkaLogStore {
             index,
             snapshots,
             &self.ends,
+            &self.takeovers,
             snapshot_dir,
         )?))
     }
@@ -153,7 +174,7 @@ impl LogStore for KafkaLogStore {
         visit: &mut Visit<'_>,
     ) -> Result<(), JournalError> {
         let index = self.index(partition)?;
-        log::read(&self.config, partition, index, from, until, visit)
+        log::read(&self.config, partition, index, None, from, until, visit)
     }
 }
 

@@ -2,7 +2,7 @@
 //! reads, and the sparse LSN -> offset index that lets a read start near the LSN it wants.
 
 use crate::snapshots::{JournalStart, Uploader};
-use crate::{KafkaConfig, MESSAGE_BYTES_MAX};
+use crate::{KafkaConfig, MESSAGE_BYTES_MAX, TakeoversStop};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
@@ -197,6 +197,8 @@ pub struct KafkaLog {
     config: KafkaConfig,
     failed: bool,
     snapshots: Arc<Uploader>,
+    /// Stops the replay of a takeover still under way when the node stops.
+    takeovers: TakeoversStop,
 }
 
 fn replicated(partition: PartitionId, what: &str, error: impl std::fmt::Display) -> JournalError {
@@ -212,6 +214,7 @@ impl KafkaLog {
         index: Arc<Mutex<OffsetIndex>>,
         snapshots: Arc<Uploader>,
         ends: &LogEnds,
+        takeovers: &TakeoversStop,
         snapshot_dir: &Path,
     ) -> Result<Self, JournalError> {
         let commit_timeout_ms = config.commit_timeout.as_millis().to_string();
@@ -249,10 +252,12 @@ impl KafkaLog {
         producer
             .init_transactions(config.connect_timeout)
             .map_err(|e| replicated(partition, "taking ownership (init_transactions)", e))?;
-        if let Some(start) = crate::snapshots::fetch_newest(config, partition, snapshot_dir) {
+        if let Some(start) =
+            crate::snapshots::fetch_newest(config, partition, snapshot_dir, takeovers)
+        {
             index.lock().expect("no panics while held").learn(start);
         }
-        let (first_lsn, next_lsn) = scan(config, partition, &index, ends)?;
+        let (first_lsn, next_lsn) = scan(config, partition, &index, ends, takeovers)?;
         tracing::info!(
             partition,
             topic = %config.topic,
@@ -269,6 +274,7 @@ impl KafkaLog {
             config: config.clone(),
             failed: false,
             snapshots,
+            takeovers: takeovers.clone(),
         })
     }
 
@@ -438,6 +444,7 @@ impl Log for KafkaLog {
             &self.config,
             self.partition,
             &self.index,
+            Some(&self.takeovers),
             from,
             self.next_lsn,
             visit,
@@ -541,6 +548,7 @@ fn scan(
     partition: PartitionId,
     index: &Mutex<OffsetIndex>,
     ends: &LogEnds,
+    takeovers: &TakeoversStop,
 ) -> Result<(Lsn, Lsn), JournalError> {
     let watermarks = ends.watermarks(config, partition)?;
     let last_entry = index
@@ -550,10 +558,11 @@ fn scan(
         .last()
         .copied();
     if let Some((entry_lsn, offset)) = last_entry {
+        let start = Offset::Offset(offset);
         let (first_seen, next_lsn) =
-            scan_from(config, partition, index, Offset::Offset(offset), watermarks)?;
+            scan_from(config, partition, index, takeovers, start, watermarks)?;
         if first_seen == Some(entry_lsn) {
-            return Ok((first_lsn(config, partition)?, next_lsn));
+            return Ok((first_lsn(config, partition, takeovers)?, next_lsn));
         }
         tracing::warn!(
             partition,
@@ -564,15 +573,26 @@ fn scan(
         );
         *index.lock().expect("no panics while held") = OffsetIndex::default();
     }
-    let (first_lsn, next_lsn) = scan_from(config, partition, index, Offset::Beginning, watermarks)?;
+    let (first_lsn, next_lsn) = scan_from(
+        config,
+        partition,
+        index,
+        takeovers,
+        Offset::Beginning,
+        watermarks,
+    )?;
     Ok((first_lsn.unwrap_or(0), next_lsn))
 }
 
 /// The first LSN the partition holds (0 if it is empty).
-fn first_lsn(config: &KafkaConfig, partition: PartitionId) -> Result<Lsn, JournalError> {
+fn first_lsn(
+    config: &KafkaConfig,
+    partition: PartitionId,
+    takeovers: &TakeoversStop,
+) -> Result<Lsn, JournalError> {
     let consumer = reader(config, partition, Offset::Beginning)?;
     let mut first = 0;
-    each_record(&consumer, partition, |key, _, _| {
+    each_record(&consumer, partition, Some(takeovers), |key, _, _| {
         first = key.first_lsn;
         Ok(Continue::No)
     })?;
@@ -592,6 +612,7 @@ fn scan_from(
     config: &KafkaConfig,
     partition: PartitionId,
     index: &Mutex<OffsetIndex>,
+    takeovers: &TakeoversStop,
     start: Offset,
     (low_watermark, high_watermark): (i64, i64),
 ) -> Result<(Option<Lsn>, Lsn), JournalError> {
@@ -615,7 +636,7 @@ fn scan_from(
         Ok(Continue::Yes)
     };
     loop {
-        each_record(&consumer, partition, &mut note)?;
+        each_record(&consumer, partition, Some(takeovers), &mut note)?;
         let reached = position(&consumer, config, partition)?.unwrap_or(low_watermark);
         if reached >= high_watermark {
             return Ok((first_lsn, next_lsn));
@@ -694,11 +715,13 @@ fn position(
         }))
 }
 
-/// Calls `visit` with every record `from..until` of `partition`, checking that LSNs follow on.
+/// Calls `visit` with every record `from..until` of `partition`, checking that LSNs follow on. A
+/// takeover's read (its replay) passes its `takeover` stop.
 pub(crate) fn read(
     config: &KafkaConfig,
     partition: PartitionId,
     index: &Mutex<OffsetIndex>,
+    takeover: Option<&TakeoversStop>,
     from: Lsn,
     until: Lsn,
     visit: &mut Visit<'_>,
@@ -710,7 +733,7 @@ pub(crate) fn read(
     let consumer = reader(config, partition, start)?;
     let mut expected: Option<Lsn> = None;
     let mut visit_error = None;
-    each_record(&consumer, partition, |key, offset, frames| {
+    each_record(&consumer, partition, takeover, |key, offset, frames| {
         let end = key.first_lsn + u64::from(key.record_count);
         match expected {
             Some(expected) if key.first_lsn != expected => {
@@ -784,14 +807,22 @@ enum Continue {
 }
 
 /// Polls `consumer` until the end of its partition (or until `each` says stop), handing each record's
-/// key, offset and value to `each`.
+/// key, offset and value to `each`; fails once `takeover` is set.
 fn each_record(
     consumer: &Reader,
     partition: PartitionId,
+    takeover: Option<&TakeoversStop>,
     mut each: impl FnMut(RecordKey, i64, &[u8]) -> Result<Continue, String>,
 ) -> Result<(), JournalError> {
     let mut last_progress = Instant::now();
     loop {
+        if takeover.is_some_and(TakeoversStop::is_set) {
+            return Err(replicated(
+                partition,
+                "taking the partition over",
+                "the node is stopping",
+            ));
+        }
         match consumer.poll(Duration::from_millis(200)) {
             None => {
                 if last_progress.elapsed() > READ_STALL_MAX {

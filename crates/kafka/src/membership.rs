@@ -15,7 +15,7 @@
 //! their assignments) is also the directory: who owns each partition and where to forward to.
 
 use crate::log::OffsetIndex;
-use crate::{KafkaConfig, KafkaLogStore, SetupError};
+use crate::{KafkaConfig, KafkaLogStore, SetupError, TakeoversStop};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::{ClientContext, TopicPartitionList};
 use spate_engine::cluster::{ClusterStatus, Directory, Membership, NodeStatus};
@@ -101,6 +101,8 @@ struct GroupView {
     /// When the membership thread last polled its consumer (which runs revocations); none before it
     /// joined.
     polled_at: Mutex<Option<Instant>>,
+    /// The log store's: leaving gives up takeovers under way.
+    takeovers: TakeoversStop,
 }
 
 impl KafkaMembership {
@@ -124,6 +126,7 @@ impl KafkaMembership {
             members: RwLock::new(Vec::new()),
             described_at: Mutex::new(None),
             polled_at: Mutex::new(None),
+            takeovers: store.takeovers.clone(),
         });
         view.refuse_duplicate_id()?;
         Ok(Self { view })
@@ -189,18 +192,26 @@ impl KafkaMembership {
             Box::new(move || view.run(consumer, engine, &stopping)),
         )?);
         tracing::info!(node_id = self.view.node.node_id, address = %self.view.node.address, group = %self.view.group, "joined the cluster");
-        Ok(Box::new(Joined { stop, threads }))
+        Ok(Box::new(Joined {
+            stop,
+            takeovers: self.view.takeovers.clone(),
+            threads,
+        }))
     }
 }
 
 struct Joined {
     stop: Arc<AtomicBool>,
+    takeovers: TakeoversStop,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl Membership for Joined {
+    /// Stops the membership's threads, after the partition starts they are waiting for: those still
+    /// reading from Kafka give up.
     fn leave(self: Box<Self>) {
         self.stop.store(true, Ordering::Release);
+        self.takeovers.stop();
         for thread in self.threads {
             if thread.join().is_err() {
                 tracing::error!("a cluster thread panicked");
@@ -362,13 +373,14 @@ impl GroupView {
             .into_iter()
             .filter(|p| !local.contains(p))
             .collect();
-        start_partitions(engine, &missing);
+        start_partitions(engine, &missing, &self.takeovers);
     }
 }
 
 /// Starts `partitions` on `engine`, together (each start fences the old writer and reads the
-/// partition's log). A start that fails is logged; the caller tries again on its next round.
-fn start_partitions(engine: &EngineHandle, missing: &[PartitionId]) {
+/// partition's log). A start that fails is logged; the caller tries again on its next round, unless
+/// the node is stopping (`takeovers`).
+fn start_partitions(engine: &EngineHandle, missing: &[PartitionId], takeovers: &TakeoversStop) {
     std::thread::scope(|scope| {
         for &partition in missing {
             scope.spawn(move || {
@@ -379,6 +391,9 @@ fn start_partitions(engine: &EngineHandle, missing: &[PartitionId]) {
                         elapsed_ms = started.elapsed().as_millis() as u64,
                         "took partition over"
                     ),
+                    Err(error) if takeovers.is_set() => {
+                        tracing::info!(partition, %error, "gave the takeover up: the node stops")
+                    }
                     Err(error) => {
                         tracing::error!(partition, %error, "cannot take partition over; retrying")
                     }
@@ -391,9 +406,13 @@ fn start_partitions(engine: &EngineHandle, missing: &[PartitionId]) {
 /// Without `--node-id`, one node applies every partition of the topic; it has no leases, but its
 /// partitions' logs can fail as a cluster node's do. Watches them: a partition whose log failed (not
 /// fenced) is stopped and started again, as [`FailedLogs`] says.
-pub fn watch_sole_owner(engine: EngineHandle) -> Result<Box<dyn Membership>, SetupError> {
+pub fn watch_sole_owner(
+    store: &KafkaLogStore,
+    engine: EngineHandle,
+) -> Result<Box<dyn Membership>, SetupError> {
     let stop = Arc::new(AtomicBool::new(false));
     let stopping = stop.clone();
+    let takeovers = store.takeovers.clone();
     let thread = std::thread::Builder::new()
         .name("log-watch".into())
         .spawn(move || {
@@ -404,13 +423,14 @@ pub fn watch_sole_owner(engine: EngineHandle) -> Result<Box<dyn Membership>, Set
                 let local = engine.local_partitions();
                 let missing: Vec<PartitionId> =
                     all.iter().copied().filter(|p| !local.contains(p)).collect();
-                start_partitions(&engine, &missing);
+                start_partitions(&engine, &missing, &takeovers);
                 std::thread::sleep(RECONCILE_INTERVAL);
             }
         })
         .map_err(|e| SetupError::Membership(format!("cannot start thread log-watch: {e}")))?;
     Ok(Box::new(Joined {
         stop,
+        takeovers: store.takeovers.clone(),
         threads: vec![thread],
     }))
 }

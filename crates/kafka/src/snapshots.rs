@@ -14,9 +14,9 @@
 //! record, so without a snapshot a new owner replays all of it. The file's own section checksums are
 //! checked again when recovery loads it.
 
-use crate::KafkaConfig;
 use crate::log::{Reader, is_transient, unassigned_reader};
 use crate::topic::{self, Keep};
+use crate::{KafkaConfig, TakeoversStop};
 use crate::{MESSAGE_BYTES_MAX, SetupError};
 use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -305,9 +305,10 @@ pub(crate) fn fetch_newest(
     journal: &KafkaConfig,
     partition: PartitionId,
     dir: &Path,
+    takeovers: &TakeoversStop,
 ) -> Option<JournalStart> {
     let config = topic_config(journal);
-    match fetch(&config, partition, dir) {
+    match fetch(&config, partition, dir, takeovers) {
         Ok(start) => start,
         Err(error) => {
             tracing::warn!(partition, %error, "no snapshot from Kafka; the journal is replayed from its start");
@@ -320,6 +321,7 @@ fn fetch(
     config: &KafkaConfig,
     partition: PartitionId,
     dir: &Path,
+    takeovers: &TakeoversStop,
 ) -> Result<Option<JournalStart>, String> {
     let (low, high) = unassigned_reader(config)
         .map_err(|e| e.to_string())?
@@ -334,12 +336,11 @@ fn fetch(
         if last < low {
             break;
         }
-        let last_key = next_record(
-            &reader_at(config, partition, last)?,
-            partition,
-            last,
-            |key, _| Ok(key),
-        )?;
+        if takeovers.is_set() {
+            return Err("the node is stopping".into());
+        }
+        let reader = reader_at(config, partition, last)?;
+        let last_key = next_record(&reader, partition, last, takeovers, |key, _| Ok(key))?;
         let first = last - i64::from(last_key.chunk_index);
         if last_key.chunk_index + 1 != last_key.chunk_count || first < low {
             // The end of a snapshot whose writer stopped half-way: look before its first chunk.
@@ -350,7 +351,7 @@ fn fetch(
             return Ok(last_key.journal_start);
         }
         let copied = snapshot::install_copy(dir, last_key.lsn, |file| {
-            copy_chunks(config, partition, first, last_key, file)
+            copy_chunks(config, partition, first, last_key, takeovers, file)
         });
         match copied {
             Ok(path) => {
@@ -372,13 +373,14 @@ fn copy_chunks(
     partition: PartitionId,
     first: i64,
     last_key: ChunkKey,
+    takeovers: &TakeoversStop,
     out: &mut impl Write,
 ) -> io::Result<()> {
     let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
     let reader = reader_at(config, partition, first).map_err(invalid)?;
     for chunk_index in 0..last_key.chunk_count {
         let offset = first + i64::from(chunk_index);
-        next_record(&reader, partition, offset, |key, payload| {
+        next_record(&reader, partition, offset, takeovers, |key, payload| {
             if (key.lsn, key.chunk_index, key.chunk_count)
                 != (last_key.lsn, chunk_index, last_key.chunk_count)
             {
@@ -406,15 +408,22 @@ fn reader_at(config: &KafkaConfig, partition: PartitionId, offset: i64) -> Resul
     Ok(reader)
 }
 
-/// Polls the reader's next record, which must be at `offset`, and hands it to `each`.
+/// Polls the reader's next record, which must be at `offset`, and hands it to `each`; fails once
+/// `takeovers` is set.
 fn next_record<T>(
     reader: &Reader,
     partition: PartitionId,
     offset: i64,
+    takeovers: &TakeoversStop,
     each: impl FnOnce(ChunkKey, &[u8]) -> Result<T, String>,
 ) -> Result<T, String> {
     let deadline = Instant::now() + STALL_MAX;
     loop {
+        if takeovers.is_set() {
+            return Err(format!(
+                "reading snapshot partition {partition}: the node is stopping"
+            ));
+        }
         match reader.poll(Duration::from_millis(200)) {
             Some(Ok(message)) => {
                 if message.offset() != offset {

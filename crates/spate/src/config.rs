@@ -704,14 +704,18 @@ impl ServeArgs {
                         secret,
                     )?),
                 };
+                let store = Arc::new(store);
                 let watch_logs: Option<spate_server::JoinCluster> = match cluster {
                     Some(_) => None,
-                    None => Some(Box::new(|engine| {
-                        spate_kafka::watch_sole_owner(engine).map_err(|e| e.to_string())
-                    })),
+                    None => {
+                        let store = store.clone();
+                        Some(Box::new(move |engine| {
+                            spate_kafka::watch_sole_owner(&store, engine).map_err(|e| e.to_string())
+                        }))
+                    }
                 };
                 (
-                    Some(Arc::new(store) as Arc<dyn spate_engine::LogStore>),
+                    Some(store as Arc<dyn spate_engine::LogStore>),
                     cluster,
                     watch_logs,
                 )

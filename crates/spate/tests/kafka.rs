@@ -234,7 +234,7 @@ fn kafka_cluster_keeps_every_acknowledged_command() {
     let cluster = Cluster::start();
     let seed = seed();
     eprintln!("kafka test seed {seed} (rerun with SPATE_CRASH_SEED={seed})");
-    let scenarios: [(&str, &dyn Fn()); 12] = [
+    let scenarios: [(&str, &dyn Fn()); 13] = [
         ("mixed load: kill -9 of a node", &|| {
             mixed_load_survives_a_lost_node(&cluster, seed)
         }),
@@ -254,6 +254,9 @@ fn kafka_cluster_keeps_every_acknowledged_command() {
         }),
         ("a transaction left open holds back the log's end", &|| {
             takeover_reads_past_a_transaction_left_open(&cluster)
+        }),
+        ("a node stops while a takeover waits", &|| {
+            stop_gives_up_a_waiting_takeover(&cluster)
         }),
         ("a failed log is taken over again", &|| {
             failed_log_is_taken_over_again(&cluster)
@@ -1410,6 +1413,61 @@ fn takeover_reads_past_a_transaction_left_open(cluster: &Cluster) {
         all,
         "acknowledged adds lost at takeover"
     );
+}
+
+/// A node told to stop (SIGTERM) while one of its takeovers waits on Kafka (a transaction another
+/// producer left open holds back the end of the partition's log) gives that takeover up and stops in
+/// seconds, handing over the partition it took already, rather than waiting out the read (a minute).
+/// The log keeps every acknowledged add for the next owner.
+fn stop_gives_up_a_waiting_takeover(cluster: &Cluster) {
+    const TOPIC: &str = "held-at-stop";
+    let args = cluster.serve_args(TOPIC, "2", "tally");
+    let places = NodePlaces::new(2);
+    let on_partition = |partition: u16| {
+        (0..)
+            .map(|i| format!("stop{i}"))
+            .find(|name| spate_engine::partition_of(name.as_bytes(), 2) == partition)
+            .expect("an account on every partition")
+    };
+    let (free, held) = (on_partition(0), on_partition(1));
+    let agent = agent();
+    let add = |base: &str, account: &str, tag: u64| {
+        let url = format!("{base}/tally/accounts/{account}/entries");
+        let body = json!({"amount": 1, "tag": tag});
+        let key = format!("{account}-{tag}");
+        let acknowledged = support::eventually(Duration::from_secs(60), || {
+            matches!(post(&agent, &url, Some(&key), &body), Ok((201, _)))
+        });
+        assert!(acknowledged, "add {tag} on {account} not acknowledged");
+    };
+    let first = places.start(cluster, 0, &args);
+    add(&first.base, &free, 1);
+    add(&first.base, &held, 1);
+    first.kill9();
+    let other = open_a_transaction(&cluster.bootstrap, TOPIC, 1);
+    let second = places.start(cluster, 1, &args);
+    // The second node took partition 0 over; its takeover of partition 1 waits on the transaction.
+    add(&second.base, &free, 2);
+    let asked_to_stop = Instant::now();
+    let status = second.terminate();
+    let took = asked_to_stop.elapsed();
+    assert!(status.success(), "{status}");
+    assert!(
+        took < Duration::from_secs(20),
+        "the node took {took:?} to stop while a takeover waited"
+    );
+    other
+        .abort_transaction(Duration::from_secs(30))
+        .expect("the other producer's transaction aborted");
+    let third = places.start(cluster, 0, &args);
+    let tags = |account: &str| {
+        let url = format!("{}/tally/accounts/{account}", third.base);
+        let (status, body) = support::retry_while_moving(|| support::get(&agent, &url));
+        assert_eq!(status, 200, "{body}");
+        sorted_tags(&body)
+    };
+    assert_eq!(tags(&free), vec![1, 2]);
+    assert_eq!(tags(&held), vec![1]);
 }
 
 /// A node whose partition's log failed (its commits time out: fewer brokers in sync than the topic's
