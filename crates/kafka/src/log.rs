@@ -197,7 +197,8 @@ pub struct KafkaLog {
     config: KafkaConfig,
     failed: bool,
     snapshots: Arc<Uploader>,
-    /// Stops the replay of a takeover still under way when the node stops.
+    /// Stops the replay of a takeover still under way when the node stops: once the node stops, no
+    /// replay of any of its logs succeeds (only recovery replays a Kafka log, at a takeover).
     takeovers: TakeoversStop,
 }
 
@@ -217,6 +218,17 @@ impl KafkaLog {
         takeovers: &TakeoversStop,
         snapshot_dir: &Path,
     ) -> Result<Self, JournalError> {
+        // A start begun as the node stops would fence the log's owner for nothing.
+        let stopping = || {
+            replicated(
+                partition,
+                "taking the partition over",
+                "the node is stopping",
+            )
+        };
+        if takeovers.is_set() {
+            return Err(stopping());
+        }
         let commit_timeout_ms = config.commit_timeout.as_millis().to_string();
         let producer: ThreadedProducer<Deliveries> = config
             .client()
@@ -256,6 +268,9 @@ impl KafkaLog {
             crate::snapshots::fetch_newest(config, partition, snapshot_dir, takeovers)
         {
             index.lock().expect("no panics while held").learn(start);
+        }
+        if takeovers.is_set() {
+            return Err(stopping());
         }
         let (first_lsn, next_lsn) = scan(config, partition, &index, ends, takeovers)?;
         tracing::info!(

@@ -310,6 +310,8 @@ pub(crate) fn fetch_newest(
     let config = topic_config(journal);
     match fetch(&config, partition, dir, takeovers) {
         Ok(start) => start,
+        // The takeover gives up: no replay follows.
+        Err(_) if takeovers.is_set() => None,
         Err(error) => {
             tracing::warn!(partition, %error, "no snapshot from Kafka; the journal is replayed from its start");
             None
@@ -358,6 +360,7 @@ fn fetch(
                 tracing::info!(partition, lsn = last_key.lsn, path = %path.display(), "snapshot copied from Kafka");
                 return Ok(last_key.journal_start);
             }
+            Err(_) if takeovers.is_set() => return Err("the node is stopping".into()),
             Err(error) => {
                 tracing::warn!(partition, lsn = last_key.lsn, %error, "snapshot on Kafka unusable; trying an older one");
                 last = first - 1;

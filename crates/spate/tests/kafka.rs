@@ -1448,6 +1448,12 @@ fn stop_gives_up_a_waiting_takeover(cluster: &Cluster) {
     let second = places.start(cluster, 1, &args);
     // The second node took partition 0 over; its takeover of partition 1 waits on the transaction.
     add(&second.base, &free, 2);
+    let url = format!("{}/tally/accounts/{held}", second.base);
+    let (status, body) = support::get(&agent, &url);
+    assert_ne!(
+        status, 200,
+        "{held} served before the transaction ended: {body}"
+    );
     let asked_to_stop = Instant::now();
     let status = second.terminate();
     let took = asked_to_stop.elapsed();
