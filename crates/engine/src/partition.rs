@@ -367,6 +367,8 @@ pub(crate) struct PartitionThread {
     /// Per projection: the LSN of this partition up to which its checkpoint covers the journal.
     pub projection_floors: Vec<Arc<AtomicU64>>,
     writer: Sender<ToWriter>,
+    /// For a log that does not queue batches ([`Log::queues_batches`]): whether the writer is idle.
+    writer_idle: Option<WriterIdle>,
     batch: Batch,
     /// The follow-ups of the last apply, until `route_follow_ups` moves them on.
     sent: Vec<Outgoing>,
@@ -390,10 +392,60 @@ pub(crate) struct PartitionThread {
     batch_growth: BatchGrowth,
 }
 
+/// How a partition whose log does not queue batches knows that its writer is idle: the writer counts
+/// the batches it appended and wakes the partition after each.
+struct WriterIdle {
+    batches_sent: u64,
+    batches_appended: Arc<AtomicU64>,
+    /// A wake-up after each batch appended (one pending at most).
+    appended: Receiver<()>,
+}
+
+impl WriterIdle {
+    fn new() -> (Self, BatchesAppended) {
+        let (wake, appended) = bounded(1);
+        let batches_appended = Arc::new(AtomicU64::new(0));
+        let idle = Self {
+            batches_sent: 0,
+            batches_appended: batches_appended.clone(),
+            appended,
+        };
+        (
+            idle,
+            BatchesAppended {
+                count: batches_appended,
+                wake,
+            },
+        )
+    }
+
+    /// True while a batch handed over has not been appended. Wake-ups are taken first: one that comes
+    /// after this returns true is for an append not counted yet.
+    fn writer_busy(&self) -> bool {
+        while self.appended.try_recv().is_ok() {}
+        self.batches_appended.load(Ordering::Acquire) < self.batches_sent
+    }
+}
+
+/// The writer's side of [`WriterIdle`].
+struct BatchesAppended {
+    count: Arc<AtomicU64>,
+    wake: Sender<()>,
+}
+
+impl BatchesAppended {
+    fn one_more(&self) {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        // A full channel holds a wake-up the partition has not taken yet: enough.
+        let _ = self.wake.try_send(());
+    }
+}
+
 pub(crate) struct WriterThread {
     partition: PartitionId,
     log: Box<dyn Log>,
     input: Receiver<ToWriter>,
+    appended: Option<BatchesAppended>,
     peers: Arc<Peers>,
     projections: Vec<(AppId, Sender<Feed>)>,
     shared: Arc<PartitionShared>,
@@ -430,10 +482,18 @@ pub(crate) fn pair(
     shared.durable_lsn.store(log.next_lsn(), Ordering::Release);
     shared.fed_lsn.store(log.next_lsn(), Ordering::Release);
     let progress = Arc::new(WriterProgress::new(log.next_lsn()));
+    let (writer_idle, appended) = match log.queues_batches() {
+        true => (None, None),
+        false => {
+            let (idle, appended) = WriterIdle::new();
+            (Some(idle), Some(appended))
+        }
+    };
     let writer = WriterThread {
         partition: core.partition,
         log,
         input: writer_rx,
+        appended,
         peers,
         projections,
         shared: shared.clone(),
@@ -454,6 +514,7 @@ pub(crate) fn pair(
         snapshot_dir,
         projection_floors,
         writer: writer_tx,
+        writer_idle,
         batch: Batch {
             first_lsn,
             ..Batch::default()
@@ -497,6 +558,7 @@ impl PartitionThread {
             self.external.clone(),
             self.writer.clone(),
         );
+        let appended = self.writer_idle.as_ref().map(|idle| idle.appended.clone());
         loop {
             // Only a cluster node resends (single nodes skip the clock read on this hot loop).
             if self.limits.resend_interval.is_some() && Instant::now() >= self.resend_due {
@@ -531,12 +593,18 @@ impl PartitionThread {
             self.batch_growth.observe(self.batch.size(), now);
             let hand_off_at = self.limits.linger.hand_off_at(&self.batch_growth);
             debug_assert_eq!(hand_off_at.is_none(), self.batch.is_empty());
-            let writer_index = match hand_off_at {
-                Some(at) if at <= now => Some(select.send(&writer)),
-                _ => None,
+            // A log that does not queue batches takes one only from an idle writer: until then the
+            // select wakes when the writer has appended the batch before.
+            let writer_busy = (self.writer_idle.as_ref()).is_some_and(WriterIdle::writer_busy);
+            let (writer_index, appended_index) = match (hand_off_at, &appended) {
+                (Some(at), Some(appended)) if at <= now && writer_busy => {
+                    (None, Some(select.recv(appended)))
+                }
+                (Some(at), _) if at <= now => (Some(select.send(&writer)), None),
+                _ => (None, None),
             };
             let wake_at = [
-                hand_off_at.filter(|_| writer_index.is_none()),
+                hand_off_at.filter(|_| writer_index.is_none() && appended_index.is_none()),
                 self.limits.resend_interval.map(|_| self.resend_due),
                 // A snapshot being written goes on while the partition is idle.
                 self.snapshot.as_ref().map(|_| now),
@@ -723,6 +791,9 @@ impl PartitionThread {
             return;
         }
         let batch = self.take_batch();
+        if let Some(idle) = &mut self.writer_idle {
+            idle.batches_sent += 1;
+        }
         match self.writer.try_send(ToWriter::Batch(batch)) {
             Ok(()) => {}
             Err(TrySendError::Full(batch)) => {
@@ -1121,7 +1192,12 @@ impl WriterThread {
     pub fn run(mut self) {
         while let Ok(message) = self.input.recv() {
             match message {
-                ToWriter::Batch(batch) => self.commit(batch),
+                ToWriter::Batch(batch) => {
+                    self.commit(batch);
+                    if let Some(appended) = &self.appended {
+                        appended.one_more();
+                    }
+                }
                 ToWriter::Barrier(done) => {
                     let _ = done.send(if self.progress.failed() {
                         Err(JournalError::Failed)

@@ -454,6 +454,12 @@ impl Log for KafkaLog {
         Ok(())
     }
 
+    /// A commit is a transaction of three replicated round trips (tens of milliseconds here): a batch
+    /// waits on the partition, taking what comes meanwhile, until the writer is idle.
+    fn queues_batches(&self) -> bool {
+        false
+    }
+
     fn replay(&self, from: Lsn, visit: &mut Visit<'_>) -> Result<(), JournalError> {
         read(
             &self.config,

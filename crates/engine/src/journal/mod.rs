@@ -90,6 +90,14 @@ pub trait Log: Send + 'static {
     fn release_before(&mut self, lsn: Lsn) -> Result<(), JournalError>;
     /// Makes everything appended so far durable, whatever the [`Durability`] (used at shutdown).
     fn sync(&mut self) -> Result<(), JournalError>;
+    /// Whether the partition's next batch may wait in the writer's one-slot queue while the batch
+    /// before it is appended. Yes (the default) where an append is short, an fsync: the queued batch
+    /// keeps the writer busy. A log whose appends take milliseconds (a Kafka transaction) says no: a
+    /// queued batch would add a whole append to the wait of every request in it, where a batch handed
+    /// over only once the writer is idle takes everything that came meanwhile.
+    fn queues_batches(&self) -> bool {
+        true
+    }
     /// A snapshot of the partition at `lsn` is durable at `path`. A replicated log keeps a copy where a
     /// node that never had this disk finds it (see [`LogStore::open`]); it must not block the caller, and a
     /// copy it loses costs only time (the log itself holds everything). The embedded journal's snapshots
