@@ -1354,23 +1354,11 @@ fn takeover_reads_past_a_transaction_left_open(cluster: &Cluster) {
     const TOPIC: &str = "held-open";
     let args = cluster.serve_args(TOPIC, "2", "tally");
     let places = NodePlaces::new(2);
-    // An account on each partition; the transaction is left open on partition 1.
-    let on_partition = |partition: u16| {
-        (0..)
-            .map(|i| format!("held{i}"))
-            .find(|name| spate_engine::partition_of(name.as_bytes(), 2) == partition)
-            .expect("an account on every partition")
-    };
-    let (free, held) = (on_partition(0), on_partition(1));
+    // The transaction is left open on partition 1.
+    let (free, held) = accounts_on_two_partitions("held");
     let agent = agent();
-    let add = |base: &str, account: &str, tag: u64| {
-        let url = format!("{base}/tally/accounts/{account}/entries");
-        let body = json!({"amount": 1, "tag": tag});
-        let key = format!("{account}-{tag}");
-        support::eventually(Duration::from_secs(30), || {
-            matches!(post(&agent, &url, Some(&key), &body), Ok((201, _)))
-        })
-    };
+    let add =
+        |base: &str, account: &str, tag: u64| add_until_acknowledged(&agent, base, account, tag);
     let tags = |base: &str, account: &str| -> Vec<u64> {
         let url = format!("{base}/tally/accounts/{account}");
         let (status, body) = support::get(&agent, &url);
@@ -1415,6 +1403,28 @@ fn takeover_reads_past_a_transaction_left_open(cluster: &Cluster) {
     );
 }
 
+/// Two tally accounts named `<prefix><n>`, the first on partition 0 of two, the second on partition 1.
+fn accounts_on_two_partitions(prefix: &str) -> (String, String) {
+    let on_partition = |partition: u16| {
+        (0..)
+            .map(|i| format!("{prefix}{i}"))
+            .find(|name| spate_engine::partition_of(name.as_bytes(), 2) == partition)
+            .expect("an account on every partition")
+    };
+    (on_partition(0), on_partition(1))
+}
+
+/// Adds `tag` to `account` through `base`, under the same idempotency key until it is acknowledged
+/// (60 s at most): true once it was.
+fn add_until_acknowledged(agent: &ureq::Agent, base: &str, account: &str, tag: u64) -> bool {
+    let url = format!("{base}/tally/accounts/{account}/entries");
+    let body = json!({"amount": 1, "tag": tag});
+    let key = format!("{account}-{tag}");
+    support::eventually(Duration::from_secs(60), || {
+        matches!(post(agent, &url, Some(&key), &body), Ok((201, _)))
+    })
+}
+
 /// A node told to stop (SIGTERM) while one of its takeovers waits on Kafka (a transaction another
 /// producer left open holds back the end of the partition's log) gives that takeover up and stops in
 /// seconds, handing over the partition it took already, rather than waiting out the read (a minute).
@@ -1423,21 +1433,10 @@ fn stop_gives_up_a_waiting_takeover(cluster: &Cluster) {
     const TOPIC: &str = "held-at-stop";
     let args = cluster.serve_args(TOPIC, "2", "tally");
     let places = NodePlaces::new(2);
-    let on_partition = |partition: u16| {
-        (0..)
-            .map(|i| format!("stop{i}"))
-            .find(|name| spate_engine::partition_of(name.as_bytes(), 2) == partition)
-            .expect("an account on every partition")
-    };
-    let (free, held) = (on_partition(0), on_partition(1));
+    let (free, held) = accounts_on_two_partitions("stop");
     let agent = agent();
     let add = |base: &str, account: &str, tag: u64| {
-        let url = format!("{base}/tally/accounts/{account}/entries");
-        let body = json!({"amount": 1, "tag": tag});
-        let key = format!("{account}-{tag}");
-        let acknowledged = support::eventually(Duration::from_secs(60), || {
-            matches!(post(&agent, &url, Some(&key), &body), Ok((201, _)))
-        });
+        let acknowledged = add_until_acknowledged(&agent, base, account, tag);
         assert!(acknowledged, "add {tag} on {account} not acknowledged");
     };
     let first = places.start(cluster, 0, &args);
