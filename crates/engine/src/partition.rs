@@ -420,10 +420,19 @@ impl WriterIdle {
     }
 
     /// True while a batch handed over has not been appended. Wake-ups are taken first: one that comes
-    /// after this returns true is for an append not counted yet.
+    /// after this returns true is for an append not counted yet. A writer gone is not busy: the
+    /// partition then hands its batch over and finds the writer gone, as with a log that queues.
     fn writer_busy(&self) -> bool {
-        while self.appended.try_recv().is_ok() {}
-        self.batches_appended.load(Ordering::Acquire) < self.batches_sent
+        loop {
+            match self.appended.try_recv() {
+                Ok(()) => {}
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return false,
+            }
+        }
+        // SeqCst with the writer's increment: this load and the wake-up the writer may have found
+        // pending must not both miss that append.
+        self.batches_appended.load(Ordering::SeqCst) < self.batches_sent
     }
 }
 
@@ -435,7 +444,7 @@ struct BatchesAppended {
 
 impl BatchesAppended {
     fn one_more(&self) {
-        self.count.fetch_add(1, Ordering::AcqRel);
+        self.count.fetch_add(1, Ordering::SeqCst);
         // A full channel holds a wake-up the partition has not taken yet: enough.
         let _ = self.wake.try_send(());
     }
@@ -595,9 +604,9 @@ impl PartitionThread {
             debug_assert_eq!(hand_off_at.is_none(), self.batch.is_empty());
             // A log that does not queue batches takes one only from an idle writer: until then the
             // select wakes when the writer has appended the batch before.
-            let writer_busy = (self.writer_idle.as_ref()).is_some_and(WriterIdle::writer_busy);
+            let writer_busy = || (self.writer_idle.as_ref()).is_some_and(WriterIdle::writer_busy);
             let (writer_index, appended_index) = match (hand_off_at, &appended) {
-                (Some(at), Some(appended)) if at <= now && writer_busy => {
+                (Some(at), Some(appended)) if at <= now && writer_busy() => {
                     (None, Some(select.recv(appended)))
                 }
                 (Some(at), _) if at <= now => (Some(select.send(&writer)), None),

@@ -22,6 +22,8 @@ struct Gate {
     opened: Condvar,
     /// An append is waiting at the closed gate.
     reached: AtomicBool,
+    /// Answered for [`LogHooks::queues_batches`] (true: the files' default).
+    queues_batches: bool,
 }
 
 impl Gate {
@@ -39,6 +41,10 @@ impl LogHooks for Gate {
         }
         drop(self.opened.wait_while(closed, |closed| *closed));
         Ok(())
+    }
+
+    fn queues_batches(&self) -> bool {
+        self.queues_batches
     }
 }
 
@@ -72,20 +78,11 @@ fn wait_until(what: &str, done: impl Fn() -> bool) {
     }
 }
 
-#[test]
-fn requests_wait_in_the_queue_while_their_batch_waits_for_the_writer() {
-    let dir = tempfile::tempdir().unwrap();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut config = EngineConfig::new(dir.path());
+/// An engine of one tally partition whose journal appends pass `gate`.
+fn gated_engine(dir: &std::path::Path, gate: &Arc<Gate>) -> (Engine, Registry) {
+    let mut config = EngineConfig::new(dir);
     config.partitions = 1;
-    let gate = Arc::new(Gate::default());
-    let logs = HookedLogs::new(
-        FileLogStore::new(dir.path(), config.journal.clone()),
-        gate.clone(),
-    );
+    let logs = HookedLogs::new(FileLogStore::new(dir, config.journal.clone()), gate.clone());
     let mut registry = Registry::default();
     let engine = Engine::start_on(
         Arc::new(logs),
@@ -94,16 +91,68 @@ fn requests_wait_in_the_queue_while_their_batch_waits_for_the_writer() {
         &mut registry,
     )
     .unwrap();
-    let handle = engine.handle();
+    (engine, registry)
+}
+
+/// Opens the gate, then checks that every pending add is acknowledged and that the account holds
+/// adds 1 to 10 in order, once each.
+fn open_and_check(
+    gate: &Gate,
+    handle: &spate_engine::EngineHandle,
+    registry: &Registry,
+    pending: Vec<spate_engine::Pending>,
+) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    gate.set_closed(false);
+    for pending in pending {
+        let reply =
+            runtime.block_on(async { tokio::time::timeout(REPLY_TIMEOUT, pending.reply()).await });
+        assert!(matches!(reply, Ok(Ok(Reply::Applied(_)))), "{reply:?}");
+    }
+    assert_eq!(applied(registry), 10);
+    let account = runtime.block_on(handle.query(0, APP_ID, |state: &TallyState| {
+        state.account("acct0").cloned()
+    }));
+    let tags: Vec<u64> = (account.unwrap().expect("acct0 exists").entries.iter())
+        .map(|&(tag, _)| tag)
+        .collect();
+    assert_eq!(tags, (1..=10).collect::<Vec<_>>());
+}
+
+/// Submits add 1 through the open gate, closes it, and enqueues add 2, which the writer then holds.
+fn writer_held_at_add_2(
+    gate: &Gate,
+    handle: &spate_engine::EngineHandle,
+) -> Vec<spate_engine::Pending> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let reply = runtime.block_on(handle.submit(0, APP_ID, None, add(1)));
     assert!(matches!(reply, Ok(Reply::Applied(_))), "{reply:?}");
-
-    // The writer holds a group commit (add 2); the next batch (add 3) goes to it, ready to be taken.
     gate.set_closed(true);
-    let mut pending = vec![handle.enqueue(0, APP_ID, None, add(2)).unwrap()];
+    let pending = vec![handle.enqueue(0, APP_ID, None, add(2)).unwrap()];
     wait_until("the writer is at the gate", || {
         gate.reached.load(Ordering::Acquire)
     });
+    pending
+}
+
+#[test]
+fn requests_wait_in_the_queue_while_their_batch_waits_for_the_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Arc::new(Gate {
+        queues_batches: true,
+        ..Gate::default()
+    });
+    let (engine, registry) = gated_engine(dir.path(), &gate);
+    let handle = engine.handle();
+
+    // The writer holds a group commit (add 2); the next batch (add 3) goes to it, ready to be taken.
+    let mut pending = writer_held_at_add_2(&gate, &handle);
     pending.push(handle.enqueue(0, APP_ID, None, add(3)).unwrap());
     wait_until("add 3 is applied", || applied(&registry) == 3);
     // The hand-off follows its apply at once; this leaves a descheduled thread time for it.
@@ -123,19 +172,34 @@ fn requests_wait_in_the_queue_while_their_batch_waits_for_the_writer() {
         4,
         "requests were applied while their batch could not go to the writer"
     );
+    open_and_check(&gate, &handle, &registry, pending);
+}
 
-    gate.set_closed(false);
-    for pending in pending {
-        let reply =
-            runtime.block_on(async { tokio::time::timeout(REPLY_TIMEOUT, pending.reply()).await });
-        assert!(matches!(reply, Ok(Ok(Reply::Applied(_)))), "{reply:?}");
+/// A log whose appends are slow does not queue batches: the batch after the one being appended waits on
+/// the partition, not in the writer's slot, and what comes meanwhile waits in the queue to join it.
+#[test]
+fn a_log_that_does_not_queue_batches_gets_one_only_when_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Arc::new(Gate {
+        queues_batches: false,
+        ..Gate::default()
+    });
+    let (engine, registry) = gated_engine(dir.path(), &gate);
+    let handle = engine.handle();
+
+    let mut pending = writer_held_at_add_2(&gate, &handle);
+    // Add 3 opens a batch; with the writer busy it stays on the partition.
+    pending.push(handle.enqueue(0, APP_ID, None, add(3)).unwrap());
+    wait_until("add 3 is applied", || applied(&registry) == 3);
+    std::thread::sleep(Duration::from_millis(50));
+    for tag in 4..=10 {
+        pending.push(handle.enqueue(0, APP_ID, None, add(tag)).unwrap());
     }
-    assert_eq!(applied(&registry), 10);
-    let account = runtime.block_on(handle.query(0, APP_ID, |state: &TallyState| {
-        state.account("acct0").cloned()
-    }));
-    let tags: Vec<u64> = (account.unwrap().expect("acct0 exists").entries.iter())
-        .map(|&(tag, _)| tag)
-        .collect();
-    assert_eq!(tags, (1..=10).collect::<Vec<_>>());
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        applied(&registry),
+        3,
+        "a batch went to a busy writer (the partition went on applying)"
+    );
+    open_and_check(&gate, &handle, &registry, pending);
 }

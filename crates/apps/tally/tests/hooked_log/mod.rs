@@ -17,6 +17,12 @@ pub trait LogHooks: Send + Sync + 'static {
     fn before_read_range(&self) -> Result<(), JournalError> {
         Ok(())
     }
+
+    /// Whether the log lets batches queue behind an append ([`Log::queues_batches`]): the files' answer
+    /// unless this says no, as a log with slow appends would.
+    fn queues_batches(&self) -> bool {
+        true
+    }
 }
 
 pub struct HookedLogs<H> {
@@ -84,5 +90,9 @@ impl<H: LogHooks> Log for HookedLog<H> {
 
     fn sync(&mut self) -> Result<(), JournalError> {
         self.log.sync()
+    }
+
+    fn queues_batches(&self) -> bool {
+        self.hook.queues_batches() && self.log.queues_batches()
     }
 }
