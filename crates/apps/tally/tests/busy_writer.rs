@@ -78,8 +78,13 @@ fn wait_until(what: &str, done: impl Fn() -> bool) {
     }
 }
 
-/// An engine of one tally partition whose journal appends pass `gate`.
-fn gated_engine(dir: &std::path::Path, gate: &Arc<Gate>) -> (Engine, Registry) {
+/// An engine of one tally partition whose journal appends pass a gate, and the gate; its log answers
+/// `queues_batches` for [`Log::queues_batches`](spate_engine::journal::Log::queues_batches).
+fn gated_engine(dir: &std::path::Path, queues_batches: bool) -> (Engine, Registry, Arc<Gate>) {
+    let gate = Arc::new(Gate {
+        queues_batches,
+        ..Gate::default()
+    });
     let mut config = EngineConfig::new(dir);
     config.partitions = 1;
     let logs = HookedLogs::new(FileLogStore::new(dir, config.journal.clone()), gate.clone());
@@ -91,7 +96,44 @@ fn gated_engine(dir: &std::path::Path, gate: &Arc<Gate>) -> (Engine, Registry) {
         &mut registry,
     )
     .unwrap();
-    (engine, registry)
+    (engine, registry, gate)
+}
+
+fn current_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Submits add 1 through the open gate, closes it, enqueues add 2, which the writer then holds, and
+/// add 3, which opens the next batch; returns once add 3 is applied (and 50 ms more, time for a
+/// descheduled partition thread to hand its batch over, were it to).
+fn writer_held_and_add_3_applied(
+    gate: &Gate,
+    handle: &spate_engine::EngineHandle,
+    registry: &Registry,
+) -> Vec<spate_engine::Pending> {
+    let reply = current_thread_runtime().block_on(handle.submit(0, APP_ID, None, add(1)));
+    assert!(matches!(reply, Ok(Reply::Applied(_))), "{reply:?}");
+    gate.set_closed(true);
+    let mut pending = vec![handle.enqueue(0, APP_ID, None, add(2)).unwrap()];
+    wait_until("the writer is at the gate", || {
+        gate.reached.load(Ordering::Acquire)
+    });
+    pending.push(handle.enqueue(0, APP_ID, None, add(3)).unwrap());
+    wait_until("add 3 is applied", || applied(registry) == 3);
+    std::thread::sleep(Duration::from_millis(50));
+    pending
+}
+
+/// Enqueues the adds after those `pending` holds, up to add 10, and leaves the partition 200 ms to
+/// apply them, were it to.
+fn enqueue_the_rest(handle: &spate_engine::EngineHandle, pending: &mut Vec<spate_engine::Pending>) {
+    for tag in pending.len() as u64 + 2..=10 {
+        pending.push(handle.enqueue(0, APP_ID, None, add(tag)).unwrap());
+    }
+    std::thread::sleep(Duration::from_millis(200));
 }
 
 /// Opens the gate, then checks that every pending add is acknowledged and that the account holds
@@ -102,10 +144,7 @@ fn open_and_check(
     registry: &Registry,
     pending: Vec<spate_engine::Pending>,
 ) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = current_thread_runtime();
     gate.set_closed(false);
     for pending in pending {
         let reply =
@@ -122,51 +161,19 @@ fn open_and_check(
     assert_eq!(tags, (1..=10).collect::<Vec<_>>());
 }
 
-/// Submits add 1 through the open gate, closes it, and enqueues add 2, which the writer then holds.
-fn writer_held_at_add_2(
-    gate: &Gate,
-    handle: &spate_engine::EngineHandle,
-) -> Vec<spate_engine::Pending> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let reply = runtime.block_on(handle.submit(0, APP_ID, None, add(1)));
-    assert!(matches!(reply, Ok(Reply::Applied(_))), "{reply:?}");
-    gate.set_closed(true);
-    let pending = vec![handle.enqueue(0, APP_ID, None, add(2)).unwrap()];
-    wait_until("the writer is at the gate", || {
-        gate.reached.load(Ordering::Acquire)
-    });
-    pending
-}
-
 #[test]
 fn requests_wait_in_the_queue_while_their_batch_waits_for_the_writer() {
     let dir = tempfile::tempdir().unwrap();
-    let gate = Arc::new(Gate {
-        queues_batches: true,
-        ..Gate::default()
-    });
-    let (engine, registry) = gated_engine(dir.path(), &gate);
+    let (engine, registry, gate) = gated_engine(dir.path(), true);
     let handle = engine.handle();
-
-    // The writer holds a group commit (add 2); the next batch (add 3) goes to it, ready to be taken.
-    let mut pending = writer_held_at_add_2(&gate, &handle);
-    pending.push(handle.enqueue(0, APP_ID, None, add(3)).unwrap());
-    wait_until("add 3 is applied", || applied(&registry) == 3);
-    // The hand-off follows its apply at once; this leaves a descheduled thread time for it.
-    std::thread::sleep(Duration::from_millis(50));
+    // The writer holds a group commit (add 2); the next batch (add 3) went to it, ready to be taken.
+    let mut pending = writer_held_and_add_3_applied(&gate, &handle, &registry);
     // An idle partition with an empty batch applies what comes: add 4 opens the batch that must wait.
     pending.push(handle.enqueue(0, APP_ID, None, add(4)).unwrap());
     wait_until("add 4 is applied", || applied(&registry) == 4);
     // The count goes up inside apply: this leaves the partition time to end its turn and wait.
     std::thread::sleep(Duration::from_millis(50));
-
-    for tag in 5..=10 {
-        pending.push(handle.enqueue(0, APP_ID, None, add(tag)).unwrap());
-    }
-    std::thread::sleep(Duration::from_millis(200));
+    enqueue_the_rest(&handle, &mut pending);
     assert_eq!(
         applied(&registry),
         4,
@@ -180,22 +187,11 @@ fn requests_wait_in_the_queue_while_their_batch_waits_for_the_writer() {
 #[test]
 fn a_log_that_does_not_queue_batches_gets_one_only_when_idle() {
     let dir = tempfile::tempdir().unwrap();
-    let gate = Arc::new(Gate {
-        queues_batches: false,
-        ..Gate::default()
-    });
-    let (engine, registry) = gated_engine(dir.path(), &gate);
+    let (engine, registry, gate) = gated_engine(dir.path(), false);
     let handle = engine.handle();
-
-    let mut pending = writer_held_at_add_2(&gate, &handle);
-    // Add 3 opens a batch; with the writer busy it stays on the partition.
-    pending.push(handle.enqueue(0, APP_ID, None, add(3)).unwrap());
-    wait_until("add 3 is applied", || applied(&registry) == 3);
-    std::thread::sleep(Duration::from_millis(50));
-    for tag in 4..=10 {
-        pending.push(handle.enqueue(0, APP_ID, None, add(tag)).unwrap());
-    }
-    std::thread::sleep(Duration::from_millis(200));
+    // Add 3 opened a batch; with the writer busy it stays on the partition.
+    let mut pending = writer_held_and_add_3_applied(&gate, &handle, &registry);
+    enqueue_the_rest(&handle, &mut pending);
     assert_eq!(
         applied(&registry),
         3,
