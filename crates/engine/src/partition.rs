@@ -432,7 +432,13 @@ impl WriterIdle {
         }
         // SeqCst with the writer's increment: this load and the wake-up the writer may have found
         // pending must not both miss that append.
-        self.batches_appended.load(Ordering::SeqCst) < self.batches_sent
+        let appended = self.batches_appended.load(Ordering::SeqCst);
+        assert!(
+            appended <= self.batches_sent,
+            "the writer appended {appended} batches of the {} handed over",
+            self.batches_sent
+        );
+        appended < self.batches_sent
     }
 }
 
